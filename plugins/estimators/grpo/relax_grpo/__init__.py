@@ -1,0 +1,1 @@
+"""GRPO estimator plugin for Relax."""

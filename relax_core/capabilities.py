@@ -1,0 +1,274 @@
+"""The one capability table.
+
+For each capability a plugin can declare: which component kind declares it, the column
+title of the capability matrix, a one-line description, the run-config predicate that
+needs it (as a check returning the violation, or ``None``), and the fix to print.  The
+startup validator (:mod:`relax_core.validation`), ``relax capabilities`` and the generated
+``docs/capabilities.md`` all read this table, and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Selected:
+    """A component selected for the run, with its resolved capabilities."""
+
+    kind: str
+    name: str
+    caps: Any
+    origin: str  # "<distribution> <version>"
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} '{self.name}' ({self.origin})"
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a capability check can look at."""
+
+    cfg: Any
+    estimator: Selected | None
+    corrections: tuple[Selected, ...] = ()
+    engine: Selected | None = None
+    backend: Selected | None = None
+    processors: tuple[Selected, ...] = ()
+    model_is_moe: bool | None = None  # None = not known before loading
+
+    @property
+    def policy_loss_kind(self) -> str:
+        return self.estimator.caps.policy_loss_kind if self.estimator else "undeclared"
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One row of the capability table."""
+
+    kind: str
+    field: str
+    title: str
+    description: str
+    check: Callable[[Context, Any], str | None] | None = None
+    """``check(ctx, caps) -> violation or None``: the run-config predicate that needs it."""
+    fix: str = ""
+    matrix: bool = True  # shown as a column of the matrix
+
+
+def _dp(cfg: Any) -> int:
+    return cfg.actor_num_nodes * cfg.actor_num_gpus_per_node if cfg.launcher == "ray" else 1
+
+
+def _sync_reasons(cfg: Any) -> list[str]:
+    r = []
+    if cfg.fully_async:
+        r.append("--fully-async is set")
+    if cfg.max_staleness > 0:
+        r.append(f"--max-staleness {cfg.max_staleness} lets it train on stale rollouts")
+    if cfg.num_steps_per_rollout > 1:
+        r.append(f"--num-steps-per-rollout {cfg.num_steps_per_rollout} repeats updates on one rollout")
+    if cfg.partial_rollout:
+        r.append("--partial-rollout changes the effective batch")
+    if cfg.use_dynamic_global_batch_size:
+        r.append("--use-dynamic-global-batch-size changes the effective batch")
+    gbs = cfg.effective_global_batch_size
+    if cfg.rollout_batch_size * cfg.n_samples_per_prompt != gbs:
+        r.append(f"rollout_batch_size × n_samples_per_prompt = {cfg.rollout_batch_size}×{cfg.n_samples_per_prompt} "
+                 f"= {cfg.rollout_batch_size * cfg.n_samples_per_prompt} != global_batch_size {gbs}")
+    return r
+
+
+def _kl_active(cfg: Any) -> bool:
+    return cfg.use_kl_loss or cfg.kl_coef != 0
+
+
+def _strict_processors(ctx: Context) -> list[str]:
+    return [p.name for p in ctx.processors if not p.caps.allowed_with_strict_estimators]
+
+
+def _engine_caps(ctx: Context, attr: str) -> bool:
+    return bool(ctx.engine and getattr(ctx.engine.caps, attr))
+
+
+def _backend_caps(ctx: Context, attr: str) -> bool:
+    return bool(ctx.backend and getattr(ctx.backend.caps, attr))
+
+
+def _sampling(ctx: Context, caps: Any) -> str | None:
+    s, cfg, bad = caps.sampling, ctx.cfg, []
+    if s.temperature_positive and not cfg.rollout_temperature > 0:
+        bad.append(f"--rollout-temperature must be > 0 (got {cfg.rollout_temperature})")
+    if s.top_p_one and cfg.rollout_top_p != 1.0:
+        bad.append(f"--rollout-top-p must be 1 (got {cfg.rollout_top_p}): a truncated nucleus changes the sampler's head")
+    if s.top_k_disabled and cfg.rollout_top_k != -1:
+        bad.append(f"--rollout-top-k must be -1 (got {cfg.rollout_top_k})")
+    if s.no_penalties and cfg.rollout_repetition_penalty != 1.0:
+        bad.append(f"--rollout-repetition-penalty must be 1 (got {cfg.rollout_repetition_penalty})")
+    return "; ".join(bad) or None
+
+
+def _dev(ctx: Context, caps: Any) -> str | None:
+    want = ctx.cfg.device
+    if want != "auto" and want not in caps.devices:
+        return f"runs on {', '.join(sorted(caps.devices))}, but --device is {want}"
+    return None
+
+
+E, C, G, B, P = "estimator", "correction", "engine", "backend", "reward_processor"
+
+CAPABILITIES: tuple[Capability, ...] = (
+    # ---------------------------------------------------------------- estimators
+    Capability(E, "supports_context_parallel", "CP", "Same loss and gradient with each sequence split over context-parallel ranks.",
+               lambda ctx, c: None if c.supports_context_parallel or ctx.cfg.context_parallel_size == 1 else
+               f"does not support context parallelism, but --context-parallel-size is {ctx.cfg.context_parallel_size}",
+               "use --context-parallel-size 1, or an estimator whose capability matrix shows CP (see `relax capabilities`)"),
+    Capability(E, "sync_only", "sync only", "Needs on-policy updates: no async or stale rollouts, one optimizer step per rollout, rollout_batch_size × n_samples_per_prompt == global_batch_size.",
+               lambda ctx, c: ("is sync-only (on-policy updates only), but " + "; ".join(r)) if c.sync_only and (r := _sync_reasons(ctx.cfg)) else None,
+               "run synchronously: --max-staleness 0, no --fully-async, --num-steps-per-rollout 1, and --global-batch-size = --rollout-batch-size × --n-samples-per-prompt; or pick an estimator with importance-ratio correction (grpo, m2po)"),
+    Capability(E, "supports_fully_async", "async", "May run with --fully-async (rollout ahead of training).",
+               lambda ctx, c: "does not support --fully-async" if ctx.cfg.fully_async and not c.supports_fully_async else None,
+               "drop --fully-async, or use an estimator that supports it (e.g. m2po with --use-rollout-logprobs)"),
+    Capability(E, "needs_critic", "critic", "Needs a value model (critic role).",
+               lambda ctx, c: f"needs a critic, but backend '{ctx.backend.name}' cannot train one" if c.needs_critic and ctx.backend and not ctx.backend.caps.supports_critic else None,
+               "choose a --train-backend that declares supports_critic (torch)"),
+    Capability(E, "min_group_size", "min n", "Smallest --n-samples-per-prompt for which its reward stage is defined.",
+               lambda ctx, c: f"needs --n-samples-per-prompt >= {c.min_group_size} (got {ctx.cfg.n_samples_per_prompt}): its reward stage is undefined for a smaller group" if ctx.cfg.n_samples_per_prompt < c.min_group_size else None,
+               "raise --n-samples-per-prompt"),
+    Capability(E, "requires_complete_groups", "whole groups", "Every group must hold all its samples.",
+               lambda ctx, c: "needs complete groups, but --partial-rollout can split them" if c.requires_complete_groups and ctx.cfg.partial_rollout else None,
+               "drop --partial-rollout"),
+    Capability(E, "requires_normalize_advantages", "needs norm-adv", "Requires --normalize-advantages.",
+               lambda ctx, c: "requires --normalize-advantages" if c.requires_normalize_advantages and not ctx.cfg.normalize_advantages else None,
+               "add --normalize-advantages"),
+    Capability(E, "forbids_normalize_advantages", "no norm-adv", "Refuses --normalize-advantages (re-whitening changes its semantics).",
+               lambda ctx, c: "is incompatible with --normalize-advantages: re-whitening after sharding changes its advantages" if c.forbids_normalize_advantages and ctx.cfg.normalize_advantages else None,
+               "remove --normalize-advantages"),
+    Capability(E, "requires_rewards_normalization", "needs reward norm", "Refuses --disable-rewards-normalization.",
+               lambda ctx, c: "requires rewards normalization (its baseline lives there)" if c.requires_rewards_normalization and ctx.cfg.disable_rewards_normalization else None,
+               "remove --disable-rewards-normalization"),
+    Capability(E, "requires_per_token_loss", "needs per-token loss", "Requires --calculate-per-token-loss (token-mean over the global batch).",
+               lambda ctx, c: "requires --calculate-per-token-loss: a per-sample token mean would reweight responses by 1/length" if c.requires_per_token_loss and not ctx.cfg.calculate_per_token_loss else None,
+               "add --calculate-per-token-loss"),
+    Capability(E, "forbids_per_token_loss", "no per-token loss", "Uses a per-sample reduction; refuses --calculate-per-token-loss.",
+               lambda ctx, c: "uses a per-sample mean reduction; --calculate-per-token-loss is not supported" if c.forbids_per_token_loss and ctx.cfg.calculate_per_token_loss else None,
+               "remove --calculate-per-token-loss"),
+    Capability(E, "uses_reward_side_kl", "reward KL", "Consumes reward-side --kl-coef (otherwise a non-zero --kl-coef is refused).",
+               lambda ctx, c: f"ignores reward-side KL, so --kl-coef {ctx.cfg.kl_coef} would be a silent no-op" if ctx.cfg.kl_coef != 0 and not c.uses_reward_side_kl else None,
+               "set --kl-coef 0; for a KL penalty use --use-kl-loss --kl-loss-coef C (reference: --ref-load, or the initial weights)"),
+    Capability(E, "requires_reward_side_kl", "needs reward KL", "Needs --kl-coef > 0 (KL shaped into the reward).",
+               lambda ctx, c: "requires --kl-coef > 0 (KL is part of its shaped reward)" if c.requires_reward_side_kl and not ctx.cfg.kl_coef > 0 else None,
+               "set --kl-coef, e.g. --kl-coef 0.01"),
+    Capability(E, "required_kl_loss_type", "KL type", "The KL estimator it requires, when a KL term is active.",
+               lambda ctx, c: f"requires --kl-loss-type {c.required_kl_loss_type} (got {ctx.cfg.kl_loss_type})" if c.required_kl_loss_type and _kl_active(ctx.cfg) and ctx.cfg.kl_loss_type != c.required_kl_loss_type else None,
+               "set --kl-loss-type as required"),
+    Capability(E, "requires_kl_loss", "needs KL loss", "Needs --use-kl-loss with --kl-loss-coef > 0.",
+               lambda ctx, c: "requires an independent KL penalty: --use-kl-loss and --kl-loss-coef > 0" if c.requires_kl_loss and not (ctx.cfg.use_kl_loss and ctx.cfg.kl_loss_coef > 0) else None,
+               "add --use-kl-loss --kl-loss-coef 0.001"),
+    Capability(E, "forbids_kl_loss", "no KL loss", "Refuses a separate --use-kl-loss.",
+               lambda ctx, c: "does not support a separate --use-kl-loss (its KL is in the reward)" if c.forbids_kl_loss and (ctx.cfg.use_kl_loss or ctx.cfg.kl_loss_coef != 0) else None,
+               "remove --use-kl-loss / --kl-loss-coef"),
+    Capability(E, "kl_level", "KL level", "Level of the policy ratio: token or sequence."),
+    Capability(E, "policy_loss_kind", "loss kind", "Kind of policy loss (ppo_clip, reinforce, cispo, soft_gate, ...); corrections declare the kinds they fit."),
+    Capability(E, "needs_full_sequence", "whole sequence", "A token's loss depends on its whole sequence (per-sample statistics)."),
+    Capability(E, "allows_reward_post_processors", "post-procs", "Accepts reward post-processors that replace the raw reward signal.",
+               lambda ctx, c: f"does not allow reward post-processors that replace its reward signal ({', '.join(b)})" if not c.allows_reward_post_processors and (b := _strict_processors(ctx)) else None,
+               "remove those --reward-processor options"),
+    # ---------------------------------------------------------------- corrections
+    Capability(C, "needs_rollout_log_probs", "rollout logp", "Needs per-token log-probs from the rollout engine.",
+               lambda ctx, c: f"needs per-token log-probs, but engine '{ctx.engine.name}' returns none" if c.needs_rollout_log_probs and ctx.engine and not ctx.engine.caps.returns_log_probs else None,
+               "choose a --rollout-engine that returns log-probs (hf, vllm, sglang)"),
+    Capability(C, "needs_top_k_log_probs", "top-k logp", "Needs the engine's top-k log-probs (and the backend's at the same ids).",
+               lambda ctx, c: (f"needs top-k log-probs, but engine '{ctx.engine.name}' does not return them" if ctx.engine and not ctx.engine.caps.returns_top_k_log_probs else
+                               f"needs top-k log-probs, but backend '{ctx.backend.name}' cannot compute them" if ctx.backend and not ctx.backend.caps.supports_top_k_log_probs else None) if c.needs_top_k_log_probs else None,
+               "choose an engine and backend that declare top-k log-probs (hf + torch, sglang)"),
+    Capability(C, "needs_moe_model", "MoE", "Only meaningful for mixture-of-experts models.",
+               lambda ctx, c: "needs a mixture-of-experts model, but --model is dense (routing replay has no meaning there)" if c.needs_moe_model and ctx.model_is_moe is False else None,
+               "use an MoE --model (e.g. Qwen3-MoE) or drop this correction"),
+    Capability(C, "needs_routed_experts", "routes", "Needs routed experts from the engine and replay in the backend.",
+               lambda ctx, c: (f"needs routed experts, but engine '{ctx.engine.name}' does not record them" if ctx.engine and not ctx.engine.caps.returns_routed_experts else
+                               f"needs routing replay, but backend '{ctx.backend.name}' does not support it" if ctx.backend and not ctx.backend.caps.supports_routing_replay else None) if c.needs_routed_experts else None,
+               "choose an engine and backend that declare routed experts (hf + torch, sglang + megatron)"),
+    Capability(C, "compatible_policy_loss_kinds", "loss kinds", "Policy-loss kinds it is correct for.",
+               lambda ctx, c: None if ctx.estimator is None or "*" in c.compatible_policy_loss_kinds or ctx.policy_loss_kind in c.compatible_policy_loss_kinds else
+               f"is not valid with estimator '{ctx.estimator.name}' whose policy loss is '{ctx.policy_loss_kind}' (needs {', '.join(sorted(c.compatible_policy_loss_kinds)) or 'a declared kind'})",
+               "use an estimator with a compatible policy loss (e.g. rloo, or grpo --pg-loss-type reinforce)"),
+    Capability(C, "conflicts_with_rollout_logprobs_as_old", "!rollout-as-old", "Refuses --use-rollout-logprobs.",
+               lambda ctx, c: "conflicts with --use-rollout-logprobs (the old policy would be the rollout policy, making the weight 1)" if c.conflicts_with_rollout_logprobs_as_old and ctx.cfg.use_rollout_logprobs else None,
+               "drop --use-rollout-logprobs or this correction"),
+    Capability(C, "conflicts_with", "conflicts", "Other corrections it cannot be combined with.",
+               lambda ctx, c: f"conflicts with {', '.join(b)}" if (b := sorted(set(c.conflicts_with) & {x.name for x in ctx.corrections})) else None,
+               "select only one of them"),
+    Capability(C, "sampling", "sampling", "Rollout sampling settings it needs (temperature, top-p, top-k, penalties).", _sampling,
+               "set the sampling flags as stated"),
+    Capability(C, "supports_context_parallel", "CP", "Valid with context parallelism.",
+               lambda ctx, c: f"does not support context parallelism, but --context-parallel-size is {ctx.cfg.context_parallel_size}" if ctx.cfg.context_parallel_size > 1 and not c.supports_context_parallel else None,
+               "use --context-parallel-size 1"),
+    Capability(C, "supports_fully_async", "async", "Valid with --fully-async.",
+               lambda ctx, c: "does not support --fully-async" if ctx.cfg.fully_async and not c.supports_fully_async else None,
+               "drop --fully-async"),
+    Capability(C, "order", "order", "Application order (lower first)."),
+    # ---------------------------------------------------------------- engines
+    Capability(G, "devices", "devices", "Devices it runs on.", _dev, "choose another --device or engine"),
+    Capability(G, "returns_log_probs", "logp", "Returns per-token log-probs of sampled tokens."),
+    Capability(G, "returns_top_k_log_probs", "top-k", "Returns top-k log-probs per position."),
+    Capability(G, "returns_routed_experts", "routes", "Records MoE routed experts per token."),
+    Capability(G, "supports_weight_update", "weight update", "Takes new weights from the trainer without restarting.",
+               lambda ctx, c: "cannot take weight updates from the trainer" if not c.supports_weight_update and not ctx.cfg.load_debug_rollout_data else None,
+               "choose an engine that supports weight updates"),
+    Capability(G, "supports_tensor_parallel", "TP", "Splits one engine over several devices.",
+               lambda ctx, c: f"cannot split an engine over {ctx.cfg.rollout_num_gpus_per_engine} devices" if ctx.cfg.rollout_num_gpus_per_engine > 1 and not c.supports_tensor_parallel else None,
+               "use --rollout-num-gpus-per-engine 1"),
+    Capability(G, "supports_sampling_penalties", "penalties", "Supports repetition penalty.",
+               lambda ctx, c: "does not support --rollout-repetition-penalty" if ctx.cfg.rollout_repetition_penalty != 1.0 and not c.supports_sampling_penalties else None,
+               "remove --rollout-repetition-penalty"),
+    Capability(G, "supports_stop_strings", "stop", "Supports stop strings.",
+               lambda ctx, c: "does not support --rollout-stop" if ctx.cfg.rollout_stop and not c.supports_stop_strings else None,
+               "remove --rollout-stop"),
+    # ---------------------------------------------------------------- backends
+    Capability(B, "devices", "devices", "Devices it trains on.", _dev, "choose another --device or backend"),
+    Capability(B, "supports_data_parallel", "DP", "Data parallel over several training workers.",
+               lambda ctx, c: f"cannot train data-parallel over {_dp(ctx.cfg)} workers" if _dp(ctx.cfg) > 1 and not c.supports_data_parallel else None,
+               "use one training worker"),
+    Capability(B, "supports_tensor_parallel", "TP", "Tensor parallelism.",
+               lambda ctx, c: f"does not support tensor parallelism, but --tensor-parallel-size is {ctx.cfg.tensor_parallel_size}" if ctx.cfg.tensor_parallel_size > 1 and not c.supports_tensor_parallel else None,
+               "use --tensor-parallel-size 1 or --train-backend megatron"),
+    Capability(B, "supports_context_parallel", "CP", "Context parallelism.",
+               lambda ctx, c: f"does not support context parallelism, but --context-parallel-size is {ctx.cfg.context_parallel_size}" if ctx.cfg.context_parallel_size > 1 and not c.supports_context_parallel else None,
+               "use --context-parallel-size 1, or --train-backend megatron on GPU"),
+    Capability(B, "supports_pipeline_parallel", "PP", "Pipeline parallelism.",
+               lambda ctx, c: f"does not support pipeline parallelism, but --pipeline-parallel-size is {ctx.cfg.pipeline_parallel_size}" if ctx.cfg.pipeline_parallel_size > 1 and not c.supports_pipeline_parallel else None,
+               "use --pipeline-parallel-size 1, or --train-backend megatron on GPU"),
+    Capability(B, "supports_critic", "critic", "Can train a critic (value model)."),
+    Capability(B, "supports_routing_replay", "R3", "Replays recorded MoE routes in the training forward."),
+    Capability(B, "supports_top_k_log_probs", "top-k", "Computes log-probs at given top-k ids."),
+    Capability(B, "supports_gradient_checkpointing", "grad ckpt", "Activation recomputation.",
+               lambda ctx, c: "does not support --gradient-checkpointing" if ctx.cfg.gradient_checkpointing and not c.supports_gradient_checkpointing else None,
+               "remove --gradient-checkpointing"),
+    # ---------------------------------------------------------------- reward processors
+    Capability(P, "allowed_with_strict_estimators", "keeps raw signal", "May be combined with estimators that forbid post-processors."),
+    Capability(P, "may_request_more_samples", "resamples", "Drops groups and asks the loop to sample more."),
+)
+
+
+def rows(kind: str) -> tuple[Capability, ...]:
+    return tuple(c for c in CAPABILITIES if c.kind == kind)
+
+
+def matrix_kinds() -> list[str]:
+    return [E, C, G, B, P]
+
+
+def format_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "—"
+    if isinstance(v, (frozenset, set, tuple, list)):
+        return ", ".join(sorted(map(str, v))) or "—"
+    if v is None:
+        return "—"
+    if hasattr(v, "__dataclass_fields__"):
+        on = [k.replace("_", " ") for k, x in vars(v).items() if x]
+        return ", ".join(on) or "—"
+    return str(v)

@@ -1,0 +1,467 @@
+"""The run configuration: one frozen object, built from flags and an optional YAML file.
+
+Every field is documented (``help`` metadata) and has a CLI flag (``--field-name`` with
+dashes, or the ``flag`` metadata; Relax's flag names where one exists).  Plugin
+parameters (each component's schema, e.g. ``--m2po-kl2-budget``) live in
+``RunConfig.plugin_params``: component name -> its parameter dataclass instance.
+
+Precedence: defaults < ``--config run.yaml`` < command-line flags.  An unknown YAML key
+or flag is an error that suggests the closest valid key.
+
+This module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_DATA = "rg:basic_arithmetic?size=2000&seed=42&min_terms=2&max_terms=2&min_digits=1&max_digits=1&operators=+"
+REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+
+
+def opt(default: Any, help: str, *, flag: str | None = None, aliases: tuple[str, ...] = (),
+        ge: float | None = None, gt: float | None = None, le: float | None = None,
+        choices: tuple[Any, ...] | None = None, repeat: bool = False, group: str = "general") -> Any:
+    """A :class:`RunConfig` field with its help text, flag and bounds."""
+    meta = {"help": help, "flag": flag, "aliases": aliases, "ge": ge, "gt": gt, "le": le,
+            "choices": choices, "repeat": repeat, "group": group}
+    if isinstance(default, (list, dict)):
+        raise TypeError("use tuples for sequence defaults")
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """Resolved configuration of one run.  Documented field by field."""
+
+    # ---- components
+    advantage_estimator: str = opt("grpo", "Advantage estimator (plugin name).", aliases=("--estimator",), group="components")
+    correction: tuple[str, ...] = opt((), "Train/inference mismatch correction (repeatable), applied in each correction's declared order.", repeat=True, group="components")
+    reward: str = opt("auto", "Reward scorer (plugin name); 'auto' takes the scorer the data source suggests.", group="components")
+    reward_processor: tuple[str, ...] = opt((), "Reward post-processor (repeatable), applied in the order given.", repeat=True, group="components")
+    rollout_engine: str = opt("hf", "Rollout engine (plugin name).", group="components")
+    train_backend: str = opt("torch", "Training backend (plugin name).", group="components")
+    custom_rm_path: str | None = opt(None, "Custom scorer 'pkg.module:fn' (runs with your rights; lighter than a plugin).", group="components")
+
+    # ---- model and data
+    model: str = opt(DEFAULT_MODEL, "Model: 'smollm2-135m-instruct' (embedded, offline), a local Hugging Face directory, or a hub name.", group="model")
+    data: str = opt(DEFAULT_DATA, "Training data: 'rg:<dataset>[?size=N&seed=S&...]' (reasoning-gym), a JSONL/JSON/Parquet file, or 'gsm8k:<path>'.", group="data")
+    prompt_key: str = opt("prompt", "Field holding the prompt in file data.", group="data")
+    label_key: str = opt("label", "Field holding the label in file data.", group="data")
+    metadata_key: str | None = opt(None, "Field holding per-sample metadata in file data.", group="data")
+    skip_bad_rows: bool = opt(False, "Skip (and count) malformed data rows instead of failing.", group="data")
+    apply_chat_template: bool = opt(True, "Apply the tokenizer's chat template to prompts.", group="data")
+    system_prompt: str | None = opt(None, "Optional system prompt.", group="data")
+    prompt_suffix: str = opt(" Give only the final number.", "Text appended to each prompt.", group="data")
+    eval_data: str | None = opt(None, "Evaluation data (same formats as --data).", group="eval")
+    eval_interval: int = opt(0, "Evaluate every N steps (0 = never).", ge=0, group="eval")
+    n_samples_per_eval_prompt: int = opt(1, "Samples per evaluation prompt.", ge=1, group="eval")
+    eval_max_prompts: int = opt(64, "At most this many evaluation prompts.", ge=1, group="eval")
+
+    # ---- batch shape and schedule
+    rollout_batch_size: int = opt(4, "Prompts per rollout.", ge=1, group="batch")
+    n_samples_per_prompt: int = opt(8, "Samples (group size) per prompt.", ge=1, group="batch")
+    global_batch_size: int | None = opt(None, "Samples per optimizer step (default: rollout_batch_size × n_samples_per_prompt / num_steps_per_rollout).", ge=1, group="batch")
+    num_steps_per_rollout: int = opt(1, "Optimizer steps per rollout.", ge=1, group="batch")
+    num_rollout: int = opt(40, "Number of rollouts (training steps of the loop).", ge=1, group="batch")
+    micro_batch_size: int | None = opt(None, "Samples per micro-batch (gradient accumulation).", ge=1, group="batch")
+    max_tokens_per_micro_batch: int | None = opt(None, "Pack micro-batches up to this many tokens.", ge=1, group="batch")
+    partial_rollout: bool = opt(False, "Resume unfinished generations across steps (changes the effective batch).", group="batch")
+    use_dynamic_global_batch_size: bool = opt(False, "Let the global batch size drift at runtime.", group="batch")
+
+    # ---- loss
+    calculate_per_token_loss: bool = opt(False, "Token-mean over all valid tokens of the global batch (else --loss-reduction).", group="loss")
+    loss_reduction: str = opt("seq-mean-token-mean", "Loss reduction when not per-token.", choices=REDUCTIONS, group="loss")
+    loss_norm_constant: float | None = opt(None, "Constant for seq-mean-token-sum-norm (default: --rollout-max-response-len).", gt=0, group="loss")
+    normalize_advantages: bool = opt(False, "Whiten advantages over the global batch.", group="loss")
+    disable_rewards_normalization: bool = opt(False, "Skip the estimator's reward normalisation.", group="loss")
+    eps_clip: float = opt(0.2, "PPO clip margin (ratio in [1-eps, 1+eps_high]).", ge=0, group="loss")
+    eps_clip_high: float | None = opt(None, "Upper clip margin (default: --eps-clip).", ge=0, group="loss")
+    eps_clip_c: float | None = opt(None, "Dual-clip constant c > 1 for negative advantages.", gt=1, group="loss")
+    entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", ge=0, group="loss")
+    kl_coef: float = opt(0.0, "Reward-side KL coefficient (only for estimators that use it).", ge=0, group="loss")
+    use_kl_loss: bool = opt(False, "Add kl_loss_coef × KL(π_θ‖π_ref) to the loss.", group="loss")
+    kl_loss_coef: float = opt(0.0, "KL loss coefficient.", ge=0, group="loss")
+    kl_loss_type: str = opt("k1", "KL estimator: k1, k2, k3 or low_var_kl.", choices=KL_TYPES, group="loss")
+    ref_load: str | None = opt(None, "Reference model (default: the initial weights of --model).", group="loss")
+    use_rollout_logprobs: bool = opt(False, "Use the engine's log-probs as the old policy.", group="loss")
+
+    # ---- optimizer
+    lr: float = opt(1e-5, "Learning rate (AdamW).", gt=0, group="optim")
+    weight_decay: float = opt(0.0, "AdamW weight decay.", ge=0, group="optim")
+    lr_warmup_steps: int = opt(0, "Linear warm-up steps.", ge=0, group="optim")
+    clip_grad: float = opt(1.0, "Gradient norm clip (0 = off).", ge=0, group="optim")
+    bf16: bool = opt(False, "Train in bfloat16 (default float32).", group="optim")
+    gradient_checkpointing: bool = opt(False, "Recompute activations in backward.", group="optim")
+    max_skipped_steps: int = opt(3, "Stop after this many consecutive non-finite steps.", ge=1, group="optim")
+
+    # ---- rollout
+    rollout_temperature: float = opt(1.0, "Sampling temperature.", ge=0, group="rollout")
+    rollout_top_p: float = opt(1.0, "Nucleus sampling p.", gt=0, le=1, group="rollout")
+    rollout_top_k: int = opt(-1, "Top-k sampling (-1 = off).", ge=-1, group="rollout")
+    rollout_max_response_len: int = opt(64, "Max new tokens per response.", ge=1, group="rollout")
+    rollout_repetition_penalty: float = opt(1.0, "Repetition penalty (1 = off).", gt=0, group="rollout")
+    rollout_stop: tuple[str, ...] = opt((), "Stop string (repeatable).", repeat=True, group="rollout")
+
+    # ---- rewards
+    reward_timeout: float = opt(10.0, "Seconds before a scorer call counts as timed out.", gt=0, group="reward")
+    reward_num_workers: int = opt(2, "Concurrent scorer workers.", ge=1, group="reward")
+    rm_url: str | None = opt(None, "URL of a remote reward model (remote scorer).", group="reward")
+    max_oversampling_rounds: int = opt(2, "Extra sampling rounds for filters that drop groups.", ge=0, group="reward")
+
+    # ---- parallelism and launch
+    context_parallel_size: int = opt(1, "Context-parallel ranks per sequence.", ge=1, group="parallel")
+    tensor_parallel_size: int = opt(1, "Tensor-parallel ranks.", ge=1, group="parallel")
+    pipeline_parallel_size: int = opt(1, "Pipeline-parallel stages.", ge=1, group="parallel")
+    launcher: str = opt("local", "local (one process) or ray.", choices=("local", "ray"), group="parallel")
+    ray_address: str | None = opt(None, "Ray cluster to join ('auto' or an address); default: start a local one.", group="parallel")
+    actor_num_nodes: int = opt(1, "Training nodes.", ge=1, group="parallel")
+    actor_num_gpus_per_node: int = opt(1, "Training workers per node (GPUs, or CPU workers on CPU).", ge=1, group="parallel")
+    rollout_num_engines: int = opt(1, "Rollout engine actors.", ge=1, group="parallel")
+    rollout_num_gpus_per_engine: int = opt(1, "Devices per rollout engine.", ge=1, group="parallel")
+    colocate: bool = opt(False, "Share devices between rollout and training (offloading).", group="parallel")
+    fully_async: bool = opt(False, "Rollout runs ahead of training.", group="parallel")
+    max_staleness: int = opt(0, "Max trainer steps between the weights that generated a sample and the step training on it.", ge=0, group="parallel")
+    update_weights_interval: int = opt(1, "Push weights to engines every N steps.", ge=1, group="parallel")
+    device: str = opt("auto", "auto, cpu or cuda.", choices=("auto", "cpu", "cuda"), group="parallel")
+
+    # ---- output and checkpoints
+    output_dir: str = opt("runs", "Directory in which each run gets its own folder.", group="output")
+    run_name: str | None = opt(None, "Run folder name (default: <estimator>-<timestamp>).", group="output")
+    seed: int = opt(1234, "Random seed.", group="output")
+    save: str | None = opt(None, "Checkpoint directory (default: <run dir>/checkpoints).", group="output")
+    save_interval: int = opt(0, "Checkpoint every N steps (0 = only at the end and on SIGINT).", ge=0, group="output")
+    resume: bool = opt(False, "Resume from the last checkpoint in the run directory.", group="output")
+    save_hf: bool = opt(True, "Save the final model in Hugging Face format.", group="output")
+    save_debug_rollout_data: str | None = opt(None, "Store every step's rollout batch in DIR.", group="output")
+    load_debug_rollout_data: str | None = opt(None, "Train on stored rollout batches from DIR (no generation).", group="output")
+    wandb_project: str | None = opt(None, "Log to this Weights & Biases project.", group="output")
+    wandb_mode: str = opt("online", "online, offline or disabled.", choices=("online", "offline", "disabled"), group="output")
+    quiet: bool = opt(False, "Plain log lines instead of the live display.", group="output")
+    log_samples_per_step: int = opt(4, "Rollouts per step written to samples.jsonl.", ge=0, group="output")
+
+    # ---- plugin parameters (component name -> params dataclass instance); not a flag
+    plugin_params: Mapping[str, Any] = field(default_factory=dict, metadata={"internal": True})
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def effective_eps_clip_high(self) -> float:
+        return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
+
+    @property
+    def effective_global_batch_size(self) -> int:
+        if self.global_batch_size is not None:
+            return self.global_batch_size
+        return self.rollout_batch_size * self.n_samples_per_prompt // self.num_steps_per_rollout
+
+    @property
+    def effective_loss_reduction(self) -> str:
+        return "token-mean" if self.calculate_per_token_loss else self.loss_reduction
+
+    @property
+    def is_async(self) -> bool:
+        return self.fully_async
+
+    @property
+    def needs_reference_model(self) -> bool:
+        return self.use_kl_loss or self.kl_coef != 0
+
+    def params_for(self, component: str) -> Any:
+        return self.plugin_params.get(component)
+
+
+# --------------------------------------------------------------------------- fields and flags
+
+
+def config_fields() -> list[dataclasses.Field]:
+    return [f for f in fields(RunConfig) if not f.metadata.get("internal")]
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def param_flag(component: str, f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f"{component}_{f.name}".replace("_", "-")
+
+
+class ConfigError(ValueError):
+    """A problem in the configuration given by the user (unknown key, bad value)."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _suggest(key: str, valid: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _field_type(f: dataclasses.Field) -> str:
+    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    return t.replace(" ", "")
+
+
+def _coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
+    """Coerce a YAML/CLI value to the field's declared type; raises ValueError."""
+    t = _field_type(f)
+    if value is None:
+        if "None" in t:
+            return None
+        raise ValueError(f"{where}: null is not allowed")
+    base = t.replace("|None", "")
+    if base.startswith("tuple"):
+        if isinstance(value, str):
+            value = [value]
+        return tuple(str(v) for v in value)
+    if base == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+        raise ValueError(f"{where}: expected true/false, got {value!r}")
+    if base == "int":
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(f"{where}: expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: expected an integer, got {value!r}") from None
+    if base == "float":
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: expected a number, got {value!r}") from None
+    if base == "str":
+        return str(value)
+    return value
+
+
+def check_bounds(value: Any, meta: Mapping[str, Any], where: str) -> list[str]:
+    """Range checks of one value against ``ge/gt/le/lt/choices`` metadata."""
+    problems = []
+    if value is None:
+        return problems
+    if isinstance(value, float) and not math.isfinite(value):
+        return [f"{where} must be finite, got {value}"]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        for key, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
+                              ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
+            bound = meta.get(key)
+            if bound is not None and not ok(value, bound):
+                problems.append(f"{where} must be {word} {bound}, got {value}")
+    choices = meta.get("choices")
+    if choices is not None:
+        vals = value if isinstance(value, tuple) else (value,)
+        for v in vals:
+            if v not in choices:
+                problems.append(f"{where} must be one of {', '.join(map(str, choices))}, got {v!r}{_suggest(str(v), map(str, choices))}")
+    return problems
+
+
+# --------------------------------------------------------------------------- building
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError([f"--config {path}: file not found"])
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError([f"--config {path}: invalid YAML: {e}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"--config {path}: top level must be a mapping of option: value"])
+    return data
+
+
+def build_config(
+    *,
+    cli: Mapping[str, Any] | None = None,
+    yaml_values: Mapping[str, Any] | None = None,
+    param_schemas: Mapping[str, type] | None = None,
+    yaml_source: str = "config",
+) -> RunConfig:
+    """Build the :class:`RunConfig` from YAML values and CLI values (CLI wins).
+
+    Args:
+        cli: ``{dest: value}`` for flags given on the command line (field names for core
+            options, ``"<component>.<param>"`` for plugin parameters).
+        yaml_values: the YAML mapping.  Keys are field names (dashes or underscores) or
+            plugin parameter names in their flag form (``m2po_kl2_budget``) or nested as
+            ``{m2po: {kl2_budget: ...}}``.
+        param_schemas: component name -> parameter dataclass (from the registry).
+
+    Raises:
+        ConfigError: listing every unknown key (with the closest valid key) and every
+            value of the wrong type or out of range.
+    """
+    cli = dict(cli or {})
+    yaml_values = dict(yaml_values or {})
+    param_schemas = dict(param_schemas or {})
+    problems: list[str] = []
+    core = {f.name: f for f in config_fields()}
+    # flat param keys: "m2po_kl2_budget" -> ("m2po", "kl2_budget") ; explicit flags too
+    flat_params: dict[str, list[tuple[str, str]]] = {}
+    for comp, schema in param_schemas.items():
+        for pf in fields(schema):
+            key = param_flag(comp, pf)[2:].replace("-", "_")
+            flat_params.setdefault(key, []).append((comp, pf.name))
+    valid_keys = list(core) + list(flat_params) + list(param_schemas)
+
+    values: dict[str, Any] = {}
+    pvalues: dict[str, dict[str, Any]] = {c: {} for c in param_schemas}
+
+    def set_param(comp: str, name: str, raw: Any, where: str) -> None:
+        pf = {x.name: x for x in fields(param_schemas[comp])}[name]
+        try:
+            v = _coerce(raw, pf, where)
+        except ValueError as e:
+            problems.append(str(e))
+            return
+        pvalues[comp][name] = v
+
+    for source, mapping in (("yaml", yaml_values), ("cli", cli)):
+        for key, raw in mapping.items():
+            norm = key.replace("-", "_").lstrip("_")
+            where = f"{yaml_source}: '{key}'" if source == "yaml" else "--" + norm.replace("_", "-")
+            if "." in norm and source == "cli":
+                comp, name = norm.split(".", 1)
+                set_param(comp, name, raw, where)
+                continue
+            if norm in core:
+                try:
+                    values[norm] = _coerce(raw, core[norm], where)
+                except ValueError as e:
+                    problems.append(str(e))
+            elif norm in flat_params:
+                for comp, name in flat_params[norm]:
+                    set_param(comp, name, raw, where)
+            elif norm in param_schemas and isinstance(raw, dict):
+                names = {x.name for x in fields(param_schemas[norm])}
+                for sub, subraw in raw.items():
+                    subn = sub.replace("-", "_")
+                    if subn in names:
+                        set_param(norm, subn, subraw, f"{where}.{sub}")
+                    else:
+                        problems.append(f"{where}: unknown parameter '{sub}' of {norm}{_suggest(subn, names)}")
+            else:
+                problems.append(f"unknown option {where}{_suggest(norm, valid_keys)}")
+
+    plugin_params = {}
+    for comp, schema in param_schemas.items():
+        try:
+            plugin_params[comp] = schema(**pvalues[comp])
+        except TypeError as e:  # pragma: no cover - schema bug
+            problems.append(f"{comp} parameters: {e}")
+    if problems:
+        raise ConfigError(problems)
+    return RunConfig(**values, plugin_params=plugin_params)
+
+
+def value_problems(cfg: RunConfig) -> list[str]:
+    """Range problems of every core option and every plugin parameter."""
+    problems = []
+    for f in config_fields():
+        problems += check_bounds(getattr(cfg, f.name), f.metadata, flag_of(f))
+    for comp, params in cfg.plugin_params.items():
+        if params is None:
+            continue
+        for pf in fields(params):
+            problems += [f"{comp}: {p}" for p in check_bounds(getattr(params, pf.name), pf.metadata, param_flag(comp, pf))]
+    return problems
+
+
+def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
+    """JSON-able view: core options plus ``plugin_params`` nested by component."""
+    out = {f.name: (list(v) if isinstance(v := getattr(cfg, f.name), tuple) else v) for f in config_fields()}
+    out["plugin_params"] = {c: dataclasses.asdict(p) for c, p in cfg.plugin_params.items() if p is not None}
+    return out
+
+
+# --------------------------------------------------------------------------- argparse
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, param_schemas: Mapping[str, type]) -> None:
+    """Add one flag per core option and per plugin parameter.  Destinations are field
+    names (core) and ``component.param`` (plugins); defaults are ``SUPPRESS`` so that
+    only flags actually given reach :func:`build_config`."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in config_fields():
+        g = groups.setdefault(f.metadata["group"], parser.add_argument_group(f.metadata["group"]))
+        names = [flag_of(f), *f.metadata.get("aliases", ())]
+        t = _field_type(f).replace("|None", "")
+        default_txt = f"(default: {f.default!r})"
+        if t == "bool":
+            g.add_argument(*names, dest=f.name, action="store_true", default=argparse.SUPPRESS,
+                           help=f"{f.metadata['help']}")
+            if f.default is True:
+                g.add_argument("--no-" + flag_of(f)[2:], dest=f.name, action="store_false",
+                               default=argparse.SUPPRESS, help=f"Turn off {flag_of(f)}.")
+        elif f.metadata.get("repeat"):
+            g.add_argument(*names, dest=f.name, action="append", default=argparse.SUPPRESS,
+                           metavar="NAME", help=f"{f.metadata['help']}")
+        else:
+            g.add_argument(*names, dest=f.name, default=argparse.SUPPRESS, metavar=t.upper(),
+                           help=f"{f.metadata['help']} {default_txt}")
+    seen: dict[str, list[str]] = {}
+    for comp, schema in sorted(param_schemas.items()):
+        for pf in fields(schema):
+            seen.setdefault(param_flag(comp, pf), []).append(f"{comp}.{pf.name}")
+    pg = parser.add_argument_group("plugin parameters")
+    for flag, dests in seen.items():
+        comp, name = dests[0].split(".")
+        pf = {x.name: x for x in fields(param_schemas[comp])}[name]
+        t = _field_type(pf).replace("|None", "")
+        owners = ", ".join(d.split(".")[0] for d in dests)
+        if t == "bool":
+            pg.add_argument(flag, dest="param:" + flag, action="store_true", default=argparse.SUPPRESS,
+                            help=f"[{owners}] {pf.metadata.get('help', '')}")
+        else:
+            pg.add_argument(flag, dest="param:" + flag, default=argparse.SUPPRESS, metavar=t.upper(),
+                            help=f"[{owners}] {pf.metadata.get('help', '')} (default: {pf.default!r})")
+    parser.set_defaults(_param_flags=seen)
+
+
+def parse_cli(args: list[str], param_schemas: Mapping[str, type], prog: str = "relax train") -> tuple[dict[str, Any], str | None, argparse.Namespace]:
+    """Parse ``relax train`` arguments.  Returns ``(cli_values, config_path, namespace)``."""
+    parser = make_parser(param_schemas, prog)
+    ns = parser.parse_args(args)
+    cli: dict[str, Any] = {}
+    flags = ns.__dict__.pop("_param_flags", {})
+    for k, v in list(vars(ns).items()):
+        if k.startswith("param:"):
+            for dest in flags[k[6:]]:
+                cli[dest] = v
+        elif k not in ("config", "dry_run"):
+            cli[k] = v
+    return cli, getattr(ns, "config", None), ns
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # exit code 2 with a suggestion for unknown flags
+        if "unrecognized arguments" in message:
+            valid = [s for a in self._actions for s in a.option_strings]
+            bad = message.split(":", 1)[1].split()
+            hints = [f"{b}{_suggest(b.split('=')[0], valid)}" for b in bad if b.startswith("-")]
+            message = "unknown option(s): " + "; ".join(hints or bad)
+        self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists every option)\n")
+
+
+def make_parser(param_schemas: Mapping[str, type], prog: str = "relax train") -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description="Train a language model with RL.", allow_abbrev=False)
+    parser.add_argument("--config", default=None, help="YAML file of options (flags win).")
+    parser.add_argument("--dry-run", action="store_true", help="Validate, print the resolved config and plugins, and exit.")
+    add_config_arguments(parser, param_schemas)
+    return parser

@@ -1,0 +1,237 @@
+"""The data contract between the stages of one training step.
+
+    rollout ──► reward ──► advantage ──► loss ──► optimizer step ──► weights to the engine
+
+Shapes: ``B`` = samples in the batch (or micro-batch), ``T`` = padded response length,
+``k`` = top-k width, ``L`` = MoE layers, ``E`` = experts chosen per token.  Token-level
+fields are right-padded; ``loss_mask`` (bool ``[B, T]``) says which positions are real
+response tokens that carry loss.  Values at masked positions are *garbage by contract*
+(they may hold NaN or 1e9): every consumer must mask before it reduces or differentiates.
+
+Groups are identified by ``group_index`` (long ``[B]``), never by position.
+
+This module imports torch only for type checking, so it is safe to import anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from torch import Tensor
+else:
+    Tensor = Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutBatch:
+    """What the rollout engine and the scorers produce for one step.
+
+    Attributes:
+        prompt_ids: list of B lists of prompt token ids (variable length).
+        response_ids: long ``[B, T]`` sampled tokens (pad id beyond the response).
+        loss_mask: bool ``[B, T]`` real response tokens that carry loss.
+        response_lengths: long ``[B]`` generated tokens per sample (0 = empty response).
+        rollout_log_probs: float32 ``[B, T]`` log q(y_t) under the engine's sampling
+            distribution (after temperature/top-p/top-k), in nats.
+        rewards: float32 ``[B]`` scalar rewards; NaN where the scorer returned ``None``.
+        group_index: long ``[B]`` which prompt group each sample belongs to.
+        prompt_index: long ``[B]`` global index of the prompt in the dataset (for
+            exactly-once accounting).
+        weight_version: long ``[B]`` trainer step whose weights generated the sample.
+        truncated: bool ``[B]`` stopped by the length limit, not by EOS.
+        top_k_ids / top_k_log_probs: long/float32 ``[B, T, k]`` the engine's top-k head
+            (log-probs normalised over the full vocabulary at the sampling temperature).
+        routed_experts: long ``[B, T, L, E]`` expert ids per MoE layer (-1 = padding).
+        texts / responses / labels / metadata: per-sample python data for scorers and logs.
+    """
+
+    prompt_ids: list[list[int]]
+    response_ids: Tensor
+    loss_mask: Tensor
+    response_lengths: Tensor
+    rollout_log_probs: Tensor | None
+    rewards: Tensor
+    group_index: Tensor
+    prompt_index: Tensor
+    weight_version: Tensor
+    truncated: Tensor
+    top_k_ids: Tensor | None = None
+    top_k_log_probs: Tensor | None = None
+    routed_experts: Tensor | None = None
+    prompts: list[str] = field(default_factory=list)
+    responses: list[str] = field(default_factory=list)
+    labels: list[Any] = field(default_factory=list)
+    metadata: list[dict] = field(default_factory=list)
+
+    def replace(self, **changes: Any) -> "RolloutBatch":
+        return replace(self, **changes)
+
+    @property
+    def size(self) -> int:
+        return int(self.response_ids.shape[0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdvantageInput:
+    """Input of ``Estimator.compute_advantages`` (runs once per step, on the whole batch).
+
+    Attributes:
+        rewards: float32 ``[B]`` (after post-processors); NaN = unscored.
+        group_index: long ``[B]``.
+        loss_mask: bool ``[B, T]``.
+        old_log_probs: float32 ``[B, T]`` log π_old (recomputed, or rollout log-probs
+            under ``--use-rollout-logprobs``).
+        ref_log_probs: float32 ``[B, T]`` log π_ref, when a reference model is loaded.
+        values: float32 ``[B, T]`` critic values V(s_t), for estimators that need a critic.
+        process_group: torch.distributed group for statistics reduced across data-parallel
+            ranks (``None`` = this process holds the whole batch).
+    """
+
+    rewards: Tensor
+    group_index: Tensor
+    loss_mask: Tensor
+    old_log_probs: Tensor | None = None
+    ref_log_probs: Tensor | None = None
+    values: Tensor | None = None
+    response_lengths: Tensor | None = None
+    process_group: Any = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdvantageOutput:
+    """Output of ``compute_advantages``.
+
+    Attributes:
+        advantages: float32 ``[B, T]`` token advantages (0 at masked positions).
+        returns: float32 ``[B, T]`` returns (critic targets for PPO; else equal to the
+            advantages' pre-normalisation signal or the advantages).
+        metrics: scalar metrics (python floats), e.g. ``rollout/zero_std_group_frac``.
+    """
+
+    advantages: Tensor
+    returns: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyLossInput:
+    """Input of ``Estimator.policy_loss`` for one micro-batch.
+
+    Attributes:
+        log_probs: ``[B, T]`` log π_θ of the sampled tokens (requires grad).
+        old_log_probs: ``[B, T]`` log π_old (detached).
+        advantages: ``[B, T]`` (detached).
+        loss_mask: bool ``[B, T]``.
+        rollout_log_probs: ``[B, T]`` log q from the engine, when available.
+        process_group: data/context-parallel group for statistics the estimator reduces
+            across ranks (``None`` = local only).
+    """
+
+    log_probs: Tensor
+    old_log_probs: Tensor
+    advantages: Tensor
+    loss_mask: Tensor
+    rollout_log_probs: Tensor | None = None
+    process_group: Any = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyLossOutput:
+    """Output of ``policy_loss``.
+
+    Attributes:
+        loss: ``[B, T]`` per-token policy loss (finite everywhere; masked positions are
+            ignored by the reduction).  The core reduces it with the run's reduction.
+        token_metrics: name -> ``[B, T]`` per-token values (e.g. ``pg_clipfrac`` as a
+            0/1 indicator, ``ppo_kl``), reduced by the core as a masked token mean.
+        scalar_metrics: name -> 0-dim tensor or float (e.g. ``m2po_eps_low``), averaged
+            over micro-batches by the core.
+    """
+
+    loss: Tensor
+    token_metrics: dict[str, Tensor] = field(default_factory=dict)
+    scalar_metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class Estimator(Protocol):
+    """What an estimator factory returns."""
+
+    def compute_advantages(self, inp: AdvantageInput) -> AdvantageOutput: ...
+
+    def policy_loss(self, inp: PolicyLossInput) -> PolicyLossOutput: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorrectionInput:
+    """Input of ``Correction.apply`` for one micro-batch.
+
+    Attributes:
+        loss: ``[B, T]`` per-token policy loss after the estimator's own clipping (and
+            after earlier corrections).
+        log_probs: ``[B, T]`` log p_θ (current policy, requires grad).
+        old_log_probs: ``[B, T]`` log p_0 (recomputed old policy, detached).
+        rollout_log_probs: ``[B, T]`` log q (engine), when the engine returns them.
+        advantages: ``[B, T]``.
+        loss_mask: bool ``[B, T]``.
+        policy_loss_kind: the estimator's declared ``policy_loss_kind``.
+        top_k_ids / top_k_log_probs: ``[B, T, k]`` engine head (ids, log q_v).
+        train_top_k_log_probs: ``[B, T, k]`` log p_v of the trainer at the same ids
+            (full-vocabulary softmax), with grad.
+        is_weight: optional callable ``ratio [..] -> weight [..]`` giving the IS rule of an
+            importance-weight correction selected in the same run (for score centering).
+    """
+
+    loss: Tensor
+    log_probs: Tensor
+    old_log_probs: Tensor
+    advantages: Tensor
+    loss_mask: Tensor
+    policy_loss_kind: str
+    rollout_log_probs: Tensor | None = None
+    top_k_ids: Tensor | None = None
+    top_k_log_probs: Tensor | None = None
+    train_top_k_log_probs: Tensor | None = None
+    is_weight: Any = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorrectionOutput:
+    """Output of ``Correction.apply``: the corrected per-token loss ``[B, T]`` and metrics
+    (same conventions as :class:`PolicyLossOutput`)."""
+
+    loss: Tensor
+    token_metrics: dict[str, Tensor] = field(default_factory=dict)
+    scalar_metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class Correction(Protocol):
+    def apply(self, inp: CorrectionInput) -> CorrectionOutput: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardBatch:
+    """What reward post-processors transform (whole batch, before the estimator).
+
+    Attributes:
+        rewards: float32 ``[B]`` (NaN = unscored).
+        group_index: long ``[B]``.
+        response_lengths: long ``[B]`` in tokens.
+        truncated: bool ``[B]``.
+        responses: the response texts.
+        keep: bool ``[B]`` samples to train on (a filter clears whole groups).
+        metrics: scalar metrics the processors add.
+    """
+
+    rewards: Tensor
+    group_index: Tensor
+    response_lengths: Tensor
+    truncated: Tensor
+    responses: list[str]
+    keep: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def replace(self, **changes: Any) -> "RewardBatch":
+        return replace(self, **changes)

@@ -1,0 +1,247 @@
+"""The plugin host: loads ``relax.plugins`` entry points, one at a time, into a registry.
+
+A plugin that fails to import (or implements a misspelled hook, or returns a malformed
+spec) is recorded with its distribution, version and error and does not break the
+others: ``relax --help`` and ``relax plugins`` keep working, and selecting one of its
+components fails ``relax train`` with that error.  ``RELAX_STRICT_PLUGINS=1`` makes any
+broken plugin fatal.  ``RELAX_LOAD_PLUGINS=a,b`` loads only those plugins and
+``RELAX_DISABLE_PLUGINS=a,b`` skips those (entry-point or distribution names).  Two
+distributions registering the same component name is an error naming both.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata as md
+import os
+import re
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import pluggy
+
+from relax_core import hookspecs
+from relax_core.specs import SPEC_TYPES, SUPPORTED_API_VERSIONS, ComponentSpec
+
+ENTRY_POINT_GROUP = "relax.plugins"
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class PluginError(Exception):
+    """A plugin problem that stops a run (strict mode, duplicates, unknown component)."""
+
+
+@dataclass
+class PluginInfo:
+    """One loaded (or failed) plugin."""
+
+    name: str
+    dist: str
+    version: str
+    path: str | None
+    status: str = "ok"  # ok | error | disabled
+    error: str | None = None
+    components: list[tuple[str, str]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "distribution": self.dist, "version": self.version,
+                "path": self.path, "status": self.status, "error": self.error,
+                "components": [{"kind": k, "name": n} for k, n in self.components]}
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A component with where it came from."""
+
+    spec: ComponentSpec
+    plugin: PluginInfo
+
+    @property
+    def origin(self) -> str:
+        return f"{self.plugin.dist} {self.plugin.version}"
+
+
+@dataclass
+class Registry:
+    """Components by kind and name, the plugins they came from, and load problems."""
+
+    components: dict[str, dict[str, Registered]] = field(default_factory=lambda: {k: {} for k in SPEC_TYPES})
+    plugins: list[PluginInfo] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def names(self, kind: str) -> list[str]:
+        return list(self.components[kind])
+
+    def get(self, kind: str, name: str) -> Registered:
+        """The component ``name`` of ``kind``.
+
+        Raises:
+            PluginError: unknown name (with the closest valid one and, if a broken plugin
+                might provide it, that plugin's error).
+        """
+        try:
+            return self.components[kind][name]
+        except KeyError:
+            pass
+        valid = self.names(kind)
+        close = difflib.get_close_matches(name, valid, n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        broken = [p for p in self.plugins if p.status == "error"]
+        extra = "".join(f"\n  plugin '{p.name}' ({p.dist} {p.version}) failed to load: {p.error}" for p in broken)
+        raise PluginError(f"unknown {kind} '{name}'. Available: {', '.join(valid) or '(none)'}.{hint}{extra}")
+
+    def param_schemas(self) -> dict[str, type]:
+        out: dict[str, type] = {}
+        for kind in self.components.values():
+            for name, reg in kind.items():
+                if reg.spec.params is not None:
+                    out[name] = reg.spec.params
+        return out
+
+    def find(self, name: str) -> list[Registered]:
+        return [kind[name] for kind in self.components.values() if name in kind]
+
+
+def _env_list(var: str) -> set[str] | None:
+    raw = os.environ.get(var)
+    if raw is None:
+        return None
+    return {x.strip() for x in raw.split(",") if x.strip()}
+
+
+def _dist_info(ep: md.EntryPoint) -> tuple[str, str, str | None]:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return ("(unknown)", "?", None)
+    path = None
+    try:
+        origin = dist.locate_file("")
+        path = str(origin)
+    except Exception:  # pragma: no cover - exotic installers
+        pass
+    return dist.metadata["Name"], dist.version, path
+
+
+def _check_hooks(pm: pluggy.PluginManager, plugin: Any) -> list[str]:
+    """Names of ``relax_*`` hook implementations that match no hook spec."""
+    bad = []
+    valid = list(hookspecs.HOOK_KINDS)
+    for attr in dir(plugin):
+        if not attr.startswith("relax_"):
+            continue
+        if pm.parse_hookimpl_opts(plugin, attr) is None:
+            continue
+        if attr not in hookspecs.HOOK_KINDS:
+            close = difflib.get_close_matches(attr, valid, n=1)
+            bad.append(f"unknown hook '{attr}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    return bad
+
+
+def _collect(pm: pluggy.PluginManager, plugin: Any, info: PluginInfo) -> list[tuple[str, ComponentSpec]]:
+    """Call each registration hook of one plugin and validate what it returns."""
+    out: list[tuple[str, ComponentSpec]] = []
+    for hook_name, kind in hookspecs.HOOK_KINDS.items():
+        impl = getattr(plugin, hook_name, None)
+        if impl is None or pm.parse_hookimpl_opts(plugin, hook_name) is None:
+            continue
+        specs = impl()
+        if specs is None:
+            continue
+        if isinstance(specs, ComponentSpec):
+            specs = [specs]
+        for spec in specs:
+            want = SPEC_TYPES[kind]
+            if not isinstance(spec, want):
+                raise TypeError(f"{hook_name} returned {type(spec).__name__}, expected {want.__name__}")
+            if not _NAME_RE.match(spec.name):
+                raise ValueError(f"component name {spec.name!r} must match [a-z][a-z0-9_]*")
+            if spec.api_version not in SUPPORTED_API_VERSIONS:
+                raise ValueError(
+                    f"{kind} '{spec.name}' declares api_version {spec.api_version}; this relax-core "
+                    f"supports {sorted(SUPPORTED_API_VERSIONS)}: upgrade relax-core or install a "
+                    f"version of {info.dist} written for it")
+            out.append((kind, spec))
+    return out
+
+
+def load_registry(
+    plugins: Iterable[tuple[str, Any]] = (),
+    *,
+    entry_points: bool = True,
+    strict: bool | None = None,
+) -> Registry:
+    """Build a registry from the installed entry points and/or given plugin objects.
+
+    Args:
+        plugins: extra ``(name, module_or_object)`` pairs registered directly (tests and
+            throwaway plugins; their distribution shows as ``(local)``).
+        entry_points: also load the ``relax.plugins`` entry points.
+        strict: fail on any broken plugin (default: ``RELAX_STRICT_PLUGINS=1``).
+
+    Raises:
+        PluginError: in strict mode, on the first broken plugin.
+    """
+    if strict is None:
+        strict = os.environ.get("RELAX_STRICT_PLUGINS", "") not in ("", "0")
+    only = _env_list("RELAX_LOAD_PLUGINS")
+    skip = _env_list("RELAX_DISABLE_PLUGINS") or set()
+
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    reg = Registry()
+
+    candidates: list[tuple[PluginInfo, Any]] = []  # (info, loader)
+    if entry_points:
+        for ep in sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            dist, version, path = _dist_info(ep)
+            candidates.append((PluginInfo(ep.name, dist, version, path), ep.load))
+    for name, obj in plugins:
+        candidates.append((PluginInfo(name, "(local)", "-", getattr(obj, "__file__", None)), lambda obj=obj: obj))
+
+    for info, loader in candidates:
+        reg.plugins.append(info)
+        if (only is not None and info.name not in only and info.dist not in only) or info.name in skip or info.dist in skip:
+            info.status = "disabled"
+            continue
+        try:
+            plugin = loader()
+            bad = _check_hooks(pm, plugin)
+            if bad:
+                raise ValueError("; ".join(bad))
+            specs = _collect(pm, plugin, info)
+            pm.register(plugin, name=info.name)
+        except Exception as e:  # a broken plugin must not break the others
+            info.status = "error"
+            info.error = f"{type(e).__name__}: {e}"
+            if os.environ.get("RELAX_DEBUG_PLUGINS"):
+                info.error += "\n" + traceback.format_exc()
+            if strict:
+                raise PluginError(f"plugin '{info.name}' ({info.dist} {info.version}) failed to load: {info.error}") from e
+            continue
+        for kind, spec in specs:
+            existing = reg.components[kind].get(spec.name)
+            if existing is not None:
+                msg = (f"{kind} '{spec.name}' is registered by two distributions: "
+                       f"{existing.plugin.dist} {existing.plugin.version} (plugin '{existing.plugin.name}') and "
+                       f"{info.dist} {info.version} (plugin '{info.name}'). Uninstall one, or disable one with "
+                       f"RELAX_DISABLE_PLUGINS={info.name}")
+                reg.problems.append(msg)
+                continue
+            reg.components[kind][spec.name] = Registered(spec, info)
+            info.components.append((kind, spec.name))
+    pm.check_pending()
+    if strict and reg.problems:
+        raise PluginError("\n".join(reg.problems))
+    return reg
+
+
+_DEFAULT: Registry | None = None
+
+
+def default_registry() -> Registry:
+    """The process-wide registry from the installed entry points (loaded once)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = load_registry()
+    return _DEFAULT

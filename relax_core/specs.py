@@ -1,0 +1,308 @@
+"""Frozen spec objects that plugins register, and the capability declarations they carry.
+
+A spec says *what* a component is (name, summary, source), *which parameters* it takes
+(a dataclass schema whose fields carry help text, units, bounds and CLI flag names),
+*what it can and cannot do* (a capabilities dataclass, possibly depending on the
+parameter values), and *how to build it* (a dotted path to a factory, resolved lazily so
+that registering a plugin never imports torch).
+
+Capabilities are declared, never inferred from names, and their defaults are
+conservative: what a plugin does not declare, it does not support.
+
+This module imports nothing heavy; it is part of the public plugin API
+(:data:`relax_core.__all__`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Literal
+
+#: Version of the plugin API.  Specs declare the version they were written against;
+#: the loader refuses versions it does not support (see ``SUPPORTED_API_VERSIONS``).
+API_VERSION = 1
+SUPPORTED_API_VERSIONS = frozenset({1})
+
+_MISSING = dataclasses.MISSING
+
+
+def param(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    unit: str | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    choices: tuple[Any, ...] | None = None,
+    recommended: Any = _MISSING,
+) -> Any:
+    """Declare one field of a plugin's parameter schema (use inside a ``@dataclass``).
+
+    Args:
+        default: default value (immutable).
+        help: one-line description, shown by ``relax plugins show`` and ``--help``.
+        flag: CLI flag, e.g. ``"--tis-clip"``.  Defaults to ``--<component>-<field>``
+            with underscores as dashes.  Two plugins may share a flag (e.g. ``--gamma``);
+            the value given applies to both, and each keeps its own default.
+        unit: unit of the value, if any (``"s"``, ``"tokens"``...).
+        ge/gt/le/lt: numeric bounds, checked at startup (non-finite values are always
+            refused for floats).
+        choices: allowed values.
+        recommended: a recommended value shown in the docs (not applied).
+    """
+    meta = {"help": help, "flag": flag, "unit": unit, "ge": ge, "gt": gt, "le": le,
+            "lt": lt, "choices": choices}
+    if recommended is not _MISSING:
+        meta["recommended"] = recommended
+    return field(default=default, metadata=meta)
+
+
+# --------------------------------------------------------------------------- capabilities
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimatorCapabilities:
+    """What an advantage estimator supports and requires.  Conservative defaults."""
+
+    supports_context_parallel: bool = False
+    """Same loss and gradient when each sequence is split over CP ranks (verified by the kit)."""
+    sync_only: bool = True
+    """Needs on-policy updates: no async, no staleness, one optimizer step per rollout,
+    and ``rollout_batch_size * n_samples_per_prompt == global_batch_size``."""
+    supports_fully_async: bool = False
+    """May run with ``--fully-async`` (rollout runs ahead of training)."""
+    needs_critic: bool = False
+    """Needs a value model (critic role)."""
+    min_group_size: int = 1
+    """Smallest ``--n-samples-per-prompt`` for which the reward stage is defined."""
+    requires_complete_groups: bool = True
+    """Every group must hold all ``n_samples_per_prompt`` samples (no partial groups)."""
+    requires_normalize_advantages: bool = False
+    forbids_normalize_advantages: bool = False
+    requires_rewards_normalization: bool = False
+    """Refuses ``--disable-rewards-normalization``."""
+    requires_per_token_loss: bool = False
+    """Needs ``--calculate-per-token-loss`` (token-mean over the global batch)."""
+    forbids_per_token_loss: bool = False
+    uses_reward_side_kl: bool = False
+    """Consumes ``--kl-coef``; otherwise a non-zero ``--kl-coef`` is refused."""
+    requires_reward_side_kl: bool = False
+    """Needs ``--kl-coef > 0`` (e.g. REINFORCE++'s shaped reward)."""
+    required_kl_loss_type: str | None = None
+    """If set, ``--kl-loss-type`` must be this value (when any KL term is active)."""
+    requires_kl_loss: bool = False
+    """Needs ``--use-kl-loss`` with a positive ``--kl-loss-coef``."""
+    forbids_kl_loss: bool = False
+    kl_level: Literal["token", "sequence"] = "token"
+    policy_loss_kind: str = "undeclared"
+    """Kind of policy loss: ``ppo_clip``, ``reinforce``, ``cispo``, ``soft_gate``,
+    ``sequence_ppo_clip``... Corrections declare which kinds they are compatible with."""
+    needs_full_sequence: bool = False
+    """The loss of a token depends on the whole sequence's log-ratios (per-sample reduction)."""
+    allows_reward_post_processors: bool = False
+    metrics: tuple[str, ...] = ()
+    """Names of the estimator-specific metrics it reports (``train/...``, ``rollout/...``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingConstraints:
+    """Rollout sampling settings a correction needs (checked at startup)."""
+
+    temperature_positive: bool = False
+    top_p_one: bool = False
+    top_k_disabled: bool = False
+    no_penalties: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorrectionCapabilities:
+    """What a train/inference mismatch correction needs and conflicts with."""
+
+    needs_rollout_log_probs: bool = False
+    needs_top_k_log_probs: bool = False
+    needs_moe_model: bool = False
+    needs_routed_experts: bool = False
+    compatible_policy_loss_kinds: frozenset[str] = frozenset()
+    """Policy-loss kinds it is correct for; ``"*"`` means any.  Empty = none."""
+    conflicts_with_rollout_logprobs_as_old: bool = False
+    """Refuses ``--use-rollout-logprobs``."""
+    conflicts_with: frozenset[str] = frozenset()
+    """Names of other corrections it cannot be combined with."""
+    sampling: SamplingConstraints = SamplingConstraints()
+    order: int = 100
+    """Application order (lower first) when several corrections are selected."""
+    supports_context_parallel: bool = False
+    supports_fully_async: bool = False
+    metrics: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineCapabilities:
+    """What a rollout engine provides."""
+
+    devices: frozenset[str] = frozenset({"cpu"})
+    returns_log_probs: bool = False
+    returns_top_k_log_probs: bool = False
+    returns_routed_experts: bool = False
+    supports_weight_update: bool = False
+    supports_tensor_parallel: bool = False
+    supports_sampling_penalties: bool = False
+    supports_stop_strings: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendCapabilities:
+    """What a training backend provides."""
+
+    devices: frozenset[str] = frozenset({"cpu"})
+    supports_data_parallel: bool = False
+    supports_tensor_parallel: bool = False
+    supports_context_parallel: bool = False
+    supports_pipeline_parallel: bool = False
+    supports_critic: bool = False
+    supports_routing_replay: bool = False
+    supports_top_k_log_probs: bool = False
+    supports_gradient_checkpointing: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardProcessorCapabilities:
+    """What a reward post-processor does to a batch."""
+
+    allowed_with_strict_estimators: bool = False
+    """May be combined with estimators that forbid post-processors (it does not replace
+    the raw reward signal they diagnose)."""
+    may_request_more_samples: bool = False
+    """Drops groups and asks the loop to sample more (dynamic sampling)."""
+
+
+# --------------------------------------------------------------------------- specs
+
+
+def _resolve(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    if not module or not attr:
+        raise ValueError(f"factory must be 'package.module:callable', got {path!r}")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentSpec:
+    """Base of every spec.  Subclasses fix ``kind`` and the capabilities type."""
+
+    kind: ClassVar[str] = "component"
+    capabilities_type: ClassVar[type | None] = None
+
+    name: str
+    """Component name, as selected on the CLI (``[a-z][a-z0-9_]*``)."""
+    summary: str
+    """One line: what it is."""
+    source: str
+    """Paper (title, section/equation) or other source of the method."""
+    factory: str
+    """Dotted path ``package.module:callable`` called as ``factory(params, config)``;
+    imported only when the component is built (keeps registration light)."""
+    params: type | None = None
+    """Parameter schema: a dataclass whose fields are declared with :func:`param`."""
+    capabilities: Any = None
+    """A capabilities instance, or a callable ``params -> capabilities``."""
+    api_version: int = API_VERSION
+
+    def default_params(self) -> Any:
+        return self.params() if self.params is not None else None
+
+    def capabilities_for(self, params: Any = None) -> Any:
+        """The capabilities for the given parameter values (defaults when ``None``)."""
+        caps = self.capabilities
+        if callable(caps) and not dataclasses.is_dataclass(caps):
+            caps = caps(params if params is not None else self.default_params())
+        if caps is None:
+            caps = self.capabilities_type() if self.capabilities_type else None
+        return caps
+
+    def build(self, params: Any = None, config: Any = None) -> Any:
+        """Import the factory and build the component."""
+        fn: Callable[..., Any] = _resolve(self.factory)
+        return fn(params if params is not None else self.default_params(), config)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimatorSpec(ComponentSpec):
+    """An advantage estimator: reward normalisation, advantages/returns, policy loss.
+
+    The factory returns an object with ``compute_advantages(AdvantageInput) ->
+    AdvantageOutput`` and ``policy_loss(PolicyLossInput) -> PolicyLossOutput``
+    (see :mod:`relax_core.contracts`).
+    """
+
+    kind: ClassVar[str] = "estimator"
+    capabilities_type: ClassVar[type] = EstimatorCapabilities
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorrectionSpec(ComponentSpec):
+    """A train/inference mismatch correction applied to the per-token policy loss."""
+
+    kind: ClassVar[str] = "correction"
+    capabilities_type: ClassVar[type] = CorrectionCapabilities
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardScorerSpec(ComponentSpec):
+    """A scorer: the factory returns ``fn(response: str, label, metadata: dict) -> float | None``."""
+
+    kind: ClassVar[str] = "reward"
+    capabilities_type: ClassVar[type | None] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardProcessorSpec(ComponentSpec):
+    """A post-processor: the factory returns an object with
+    ``process(RewardBatch) -> RewardBatch`` (see :mod:`relax_core.contracts`)."""
+
+    kind: ClassVar[str] = "reward_processor"
+    capabilities_type: ClassVar[type] = RewardProcessorCapabilities
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSpec(ComponentSpec):
+    """A rollout engine (generation with per-token log-probs, weight updates)."""
+
+    kind: ClassVar[str] = "engine"
+    capabilities_type: ClassVar[type] = EngineCapabilities
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendSpec(ComponentSpec):
+    """A training backend (forward/backward/optimizer for actor, critic, reference)."""
+
+    kind: ClassVar[str] = "backend"
+    capabilities_type: ClassVar[type] = BackendCapabilities
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSourceSpec(ComponentSpec):
+    """A data source for ``--data <scheme>:<spec>`` (e.g. ``rg:`` for reasoning-gym).
+
+    ``scheme`` is matched against the part of ``--data`` before the first ``:``; the factory
+    returns ``fn(spec: str, config) -> list[dict]`` of rows with prompt/label/metadata.
+    """
+
+    kind: ClassVar[str] = "data_source"
+    capabilities_type: ClassVar[type | None] = None
+    scheme: str
+
+
+SPEC_TYPES: dict[str, type[ComponentSpec]] = {
+    cls.kind: cls
+    for cls in (EstimatorSpec, CorrectionSpec, RewardScorerSpec, RewardProcessorSpec,
+                EngineSpec, BackendSpec, DataSourceSpec)
+}

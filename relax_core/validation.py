@@ -1,0 +1,175 @@
+"""Startup validation: every problem of a run configuration, found before anything loads.
+
+Runs before any model, engine or Ray cluster starts.  Collects every problem (it does not
+stop at the first) and reports each with the component, its distribution and version,
+the capability or constraint violated, and the fix.  The CLI exits with code 2.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from relax_core.capabilities import CAPABILITIES, Context, Selected
+from relax_core.config import DEFAULT_MODEL, RunConfig, value_problems
+from relax_core.plugins import PluginError, Registry
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One validation problem."""
+
+    component: str  # e.g. "estimator 'm2po' (relax-m2po 0.1.0)" or "config"
+    constraint: str  # capability field or constraint name
+    message: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        fix = f"\n    fix: {self.fix}" if self.fix else ""
+        return f"{self.component} [{self.constraint}]: {self.message}{fix}"
+
+
+class ValidationError(Exception):
+    """Raised with every problem found."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The components chosen for a run (names, specs, params, capabilities)."""
+
+    context: Context
+    specs: dict[str, Any]  # "estimator" -> spec, "correction:tis" -> spec, ...
+
+
+def model_is_moe(model: str) -> bool | None:
+    """Whether ``--model`` is a mixture-of-experts model, from its config.json only
+    (no weights).  ``None`` when it cannot be told without loading (hub names)."""
+    if model == DEFAULT_MODEL:
+        return False
+    cfg_path = Path(model).expanduser() / "config.json"
+    if not cfg_path.is_file():
+        return None
+    try:
+        c = json.loads(cfg_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    keys = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+    return any(int(c.get(k) or 0) > 1 for k in keys)
+
+
+def _select(reg: Registry, kind: str, name: str, cfg: RunConfig, problems: list[Problem]) -> tuple[Selected | None, Any]:
+    try:
+        r = reg.get(kind, name)
+    except PluginError as e:
+        problems.append(Problem(f"{kind} '{name}'", "unknown component", str(e), f"`relax plugins` lists what is installed"))
+        return None, None
+    caps = r.spec.capabilities_for(cfg.params_for(name))
+    return Selected(kind, name, caps, r.origin), r.spec
+
+
+def _batch_problems(cfg: RunConfig) -> list[Problem]:
+    out = []
+    n = cfg.rollout_batch_size * cfg.n_samples_per_prompt
+    gbs = cfg.effective_global_batch_size
+
+    def add(msg: str, fix: str) -> None:
+        out.append(Problem("config", "batch shape", msg, fix))
+
+    if n % cfg.num_steps_per_rollout:
+        add(f"rollout_batch_size × n_samples_per_prompt = {n} is not divisible by --num-steps-per-rollout {cfg.num_steps_per_rollout}",
+            "make the rollout divisible into equal optimizer steps")
+    if cfg.global_batch_size is not None and gbs * cfg.num_steps_per_rollout != n and cfg.num_steps_per_rollout > 1:
+        add(f"--global-batch-size {gbs} × --num-steps-per-rollout {cfg.num_steps_per_rollout} != {n} samples per rollout",
+            "omit --global-batch-size (it is derived) or make them agree")
+    if gbs > 0 and n % gbs:
+        add(f"samples per rollout {n} is not divisible by --global-batch-size {gbs}",
+            "choose a global batch size that divides rollout_batch_size × n_samples_per_prompt")
+    if cfg.micro_batch_size is not None and gbs % cfg.micro_batch_size:
+        add(f"--global-batch-size {gbs} is not divisible by --micro-batch-size {cfg.micro_batch_size}",
+            "choose a micro-batch size that divides the global batch size")
+    dp = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node if cfg.launcher == "ray" else 1
+    if gbs % dp:
+        add(f"--global-batch-size {gbs} is not divisible by the {dp} data-parallel workers",
+            "choose a global batch size divisible by actor_num_nodes × actor_num_gpus_per_node")
+    return out
+
+
+def _run_problems(cfg: RunConfig) -> list[Problem]:
+    out = []
+    if cfg.ref_load and not Path(cfg.ref_load).expanduser().exists():
+        out.append(Problem("config", "--ref-load", f"reference model {cfg.ref_load} not found", "give an existing path, or omit it to use the initial weights"))
+    m = cfg.model
+    if m != DEFAULT_MODEL and m.startswith(("/", ".", "~")) and not Path(m).expanduser().exists():
+        out.append(Problem("config", "--model", f"model path {m} not found", "give a local Hugging Face model directory, or the default smollm2-135m-instruct"))
+    for flag, val in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
+        if val and ":" not in val.split("/")[0] and not Path(val).expanduser().exists():
+            out.append(Problem("config", flag, f"data file {val} not found", "give an existing JSONL/JSON/Parquet file or rg:<dataset>"))
+    if cfg.load_debug_rollout_data and not Path(cfg.load_debug_rollout_data).is_dir():
+        out.append(Problem("config", "--load-debug-rollout-data", f"{cfg.load_debug_rollout_data} is not a directory", "give the DIR written by --save-debug-rollout-data"))
+    if cfg.use_kl_loss and cfg.kl_loss_coef == 0:
+        out.append(Problem("config", "--use-kl-loss", "--use-kl-loss with --kl-loss-coef 0 adds nothing", "set --kl-loss-coef > 0"))
+    if cfg.fully_async and cfg.launcher != "ray":
+        out.append(Problem("config", "--fully-async", "fully-async training needs separate rollout and training workers", "add --launcher ray"))
+    if cfg.max_staleness > 0 and not cfg.fully_async:
+        out.append(Problem("config", "--max-staleness", "--max-staleness > 0 only has meaning with --fully-async", "add --fully-async or use --max-staleness 0"))
+    if len(set(cfg.correction)) != len(cfg.correction):
+        out.append(Problem("config", "--correction", "a correction is selected twice", "give each --correction once"))
+    return out
+
+
+def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
+    """Select the run's components and check every capability and constraint.
+
+    Returns the resolved components and the list of problems (empty = valid)."""
+    problems: list[Problem] = [Problem("config", "value range", p) for p in value_problems(cfg)]
+    problems += _batch_problems(cfg)
+    problems += _run_problems(cfg)
+    specs: dict[str, Any] = {}
+    est, specs["estimator"] = _select(reg, "estimator", cfg.advantage_estimator, cfg, problems)
+    engine, specs["engine"] = _select(reg, "engine", cfg.rollout_engine, cfg, problems)
+    backend, specs["backend"] = _select(reg, "backend", cfg.train_backend, cfg, problems)
+    corrections, processors = [], []
+    for name in cfg.correction:
+        sel, specs[f"correction:{name}"] = _select(reg, "correction", name, cfg, problems)
+        if sel:
+            corrections.append(sel)
+    for name in cfg.reward_processor:
+        sel, specs[f"reward_processor:{name}"] = _select(reg, "reward_processor", name, cfg, problems)
+        if sel:
+            processors.append(sel)
+    if cfg.reward != "auto":
+        _, specs["reward"] = _select(reg, "reward", cfg.reward, cfg, problems)
+    corrections.sort(key=lambda s: s.caps.order)
+    ctx = Context(cfg=cfg, estimator=est, corrections=tuple(corrections), engine=engine, backend=backend,
+                  processors=tuple(processors), model_is_moe=model_is_moe(cfg.model))
+
+    for cap in CAPABILITIES:
+        if cap.check is None:
+            continue
+        targets: list[Selected] = {
+            "estimator": [est] if est else [],
+            "correction": list(corrections),
+            "engine": [engine] if engine else [],
+            "backend": [backend] if backend else [],
+            "reward_processor": list(processors),
+        }[cap.kind]
+        for sel in targets:
+            msg = cap.check(ctx, sel.caps)
+            if msg:
+                problems.append(Problem(sel.label, cap.field, f"{sel.name} {msg}", cap.fix))
+    problems += [Problem("plugins", "duplicate component", p, "") for p in reg.problems]
+    return Resolved(ctx, specs), problems
+
+
+def validate(cfg: RunConfig, reg: Registry) -> Resolved:
+    """Like :func:`resolve` but raises :class:`ValidationError` listing every problem."""
+    resolved, problems = resolve(cfg, reg)
+    if problems:
+        raise ValidationError(problems)
+    return resolved
