@@ -235,3 +235,128 @@ class RewardBatch:
 
     def replace(self, **changes: Any) -> "RewardBatch":
         return replace(self, **changes)
+
+
+# --------------------------------------------------------------------------- engines
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """Sampling settings of one generation call (from the run config)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 64
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    return_top_k: int = 0  # 0 = no top-k head
+    return_routed_experts: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationOutput:
+    """What ``RolloutEngine.generate`` returns for B prompts (one sample each; repeat a
+    prompt to get a group).
+
+    Attributes:
+        response_ids: long ``[B, T]`` (pad id after each response).
+        response_lengths: long ``[B]``.
+        log_probs: float32 ``[B, T]`` log q of each sampled token under the sampling
+            distribution (temperature, top-p, top-k applied); garbage past the length.
+        truncated: bool ``[B]`` hit ``max_new_tokens`` without EOS/stop.
+        texts: decoded responses.
+        top_k_ids / top_k_log_probs: ``[B, T, k]`` when requested.
+        routed_experts: long ``[B, T, L, E]`` when requested (-1 padding).
+    """
+
+    response_ids: Tensor
+    response_lengths: Tensor
+    log_probs: Tensor
+    truncated: Tensor
+    texts: list[str]
+    top_k_ids: Tensor | None = None
+    top_k_log_probs: Tensor | None = None
+    routed_experts: Tensor | None = None
+
+
+class RolloutEngine(Protocol):
+    """What an engine factory returns (``factory(params, config)``)."""
+
+    tokenizer: Any
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> GenerationOutput: ...
+
+    def update_weights(self, state_dict: Any, version: int) -> None:
+        """Load new weights (a name -> tensor mapping in Hugging Face naming) between
+        generation calls; ``version`` is the trainer step that produced them."""
+
+    def shutdown(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- backends
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainBatch:
+    """Token data of a batch as the training backend sees it.
+
+    Attributes:
+        prompt_ids: list of B prompt token-id lists.
+        response_ids: long ``[B, T]``.
+        loss_mask: bool ``[B, T]``.
+        tensors: other ``[B, ...]`` tensors the loss needs (old_log_probs, advantages,
+            returns, rollout_log_probs, ref_log_probs, values, top_k_ids, routed_experts...);
+            the backend slices them per micro-batch along dim 0.
+    """
+
+    prompt_ids: list[list[int]]
+    response_ids: Tensor
+    loss_mask: Tensor
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return int(self.response_ids.shape[0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForwardOutput:
+    """The backend's forward on one micro-batch (all ``[b, T]`` aligned with responses).
+
+    Attributes:
+        log_probs: float32 ``[b, T]`` log π_θ of the response tokens (with grad in training).
+        entropy: float32 ``[b, T]`` token entropy (when asked).
+        top_k_log_probs: ``[b, T, k]`` log π_θ at ``tensors['top_k_ids']`` (when asked).
+        values: ``[b, T]`` critic values (critic forward).
+    """
+
+    log_probs: Tensor
+    entropy: Tensor | None = None
+    top_k_log_probs: Tensor | None = None
+    values: Tensor | None = None
+
+
+class TrainBackend(Protocol):
+    """What a backend factory returns (``factory(params, config)``).
+
+    The loop calls, per step: ``forward(batch, role="actor"|"ref"|"critic")`` without grad
+    to get old/ref log-probs or values; ``train_step(batch, loss_fn)`` which splits the
+    batch into micro-batches, calls ``loss_fn(micro_batch, forward_output)`` → (scalar
+    loss already scaled by the *global* denominators, metrics), backpropagates, and steps
+    the optimizer once (skipping the step when the loss or gradient is not finite).
+    """
+
+    def forward(self, batch: TrainBatch, *, role: str = "actor", entropy: bool = False,
+                top_k: bool = False) -> ForwardOutput: ...
+
+    def train_step(self, batch: TrainBatch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]: ...
+
+    def engine_state_dict(self) -> Any: ...
+
+    def save_checkpoint(self, path: str) -> None: ...
+
+    def load_checkpoint(self, path: str) -> None: ...
+
+    def save_hf(self, path: str) -> None: ...
