@@ -1,0 +1,1 @@
+"""Contract test kit for plugin authors (work in progress: ``check_contract`` lands next)."""

@@ -1,0 +1,19 @@
+"""pytest plugin of the contract test kit (entry point ``pytest11: relax_contract``).
+
+Provides the ``relax_contract`` fixture: a callable ``relax_contract(spec, params=None)``
+that runs :func:`relax_core.testing.check_contract`.  Loaded in every pytest session of
+an environment where relax-core is installed, so it imports nothing heavy at load time.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def relax_contract():
+    """``relax_contract(spec, params=None)``: run the contract checks chosen by the
+    spec's declared capabilities; fails the test listing every failed check."""
+    from relax_core.testing import check_contract
+
+    return check_contract
