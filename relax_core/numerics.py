@@ -57,38 +57,68 @@ def reduce_loss(
     *,
     num_tokens: float | Tensor | None = None,
     num_samples: float | Tensor | None = None,
+    tokens_per_sample: Tensor | None = None,
     norm_constant: float | None = None,
 ) -> Tensor:
-    """Reduce a per-token loss ``[B, T]`` to a scalar.
+    """Reduce a per-token loss ``[B, T]`` to a scalar, shard-invariantly.
 
-    Modes (``num_tokens`` / ``num_samples`` are the *global* batch's counts; default: this
-    shard's, which is the one-process case):
+    Args:
+        loss: float ``[B, T]`` per-token loss; masked slots may hold garbage (NaN, 1e9),
+            which reaches neither the value nor the gradient.
+        mask: bool ``[B, T]`` valid tokens (``loss_mask``).
+        mode: one of :data:`REDUCTIONS` (below).
+        num_tokens: valid tokens of the *global* batch (all data-parallel shards,
+            context-parallel pieces and micro-batches together).  Default: ``mask.sum()``.
+        num_samples: samples of the global batch (a sample split over context-parallel
+            ranks counts once).  Default: ``B``.
+        tokens_per_sample: ``[B]`` valid tokens of each *whole* sequence (int or float).
+            Needed by ``seq-mean-token-mean`` when a sequence is split over
+            context-parallel ranks, where the local ``mask.sum(-1)`` is only a piece.
+            Default: ``mask.sum(-1)``.
+        norm_constant: the constant of ``seq-mean-token-sum-norm`` (tokens).
 
-    - ``token-mean``: Σ_valid loss / num_tokens (``--calculate-per-token-loss``).  A fully
-      masked sample adds nothing to the denominator.
-    - ``seq-mean-token-mean``: Σ_i mean_t(loss_i) / num_samples (default).  A fully
-      masked sample contributes 0 to the numerator but counts in ``num_samples``.
-    - ``seq-mean-token-sum``: Σ_i Σ_t loss_i / num_samples.
-    - ``seq-mean-token-sum-norm`` (Dr.GRPO, Liu et al. 2025 §3.1): Σ_i Σ_t loss_i /
-      (norm_constant · num_samples).
+    Modes, with m_it the mask, N = ``num_tokens``, M = ``num_samples``,
+    n_i = ``tokens_per_sample``:
 
-    Example (``test_numerics``): A = 2 tokens of loss 1, B = 4 tokens of loss 3, T = 4 →
-    2.333333, 2.0, 7.0, 1.75 (constant 4).
+    - ``token-mean``: Σ_it m·loss / N (``--calculate-per-token-loss``).  A fully masked
+      sample adds nothing to N.
+    - ``seq-mean-token-mean`` (default): Σ_i (Σ_t m·loss_i / max(n_i, 1)) / M.  A fully
+      masked sample adds 0 to the numerator but counts in M.
+    - ``seq-mean-token-sum``: Σ_it m·loss / M.
+    - ``seq-mean-token-sum-norm`` (Dr.GRPO, Liu et al. 2025 §3.1): Σ_it m·loss /
+      (norm_constant · M).
+
+    Each mode is linear in the per-token loss with global denominators, so the sum over
+    shards and micro-batches of each piece's value (and gradient) equals the one-process
+    value, provided every piece is given the global ``num_tokens`` / ``num_samples`` /
+    ``tokens_per_sample``.  Denominators are clamped to at least 1 (never NaN).
+
+    Example (``tests/core/test_reduce_loss.py``): sample A has 2 tokens of loss 1, B 4
+    tokens of loss 3, T = 4 → 2.333333, 2.0, 7.0, 1.75 (constant 4).
+
+    Returns:
+        0-dim tensor of ``loss.dtype``.
 
     Raises:
-        ValueError: unknown mode, or ``seq-mean-token-sum-norm`` without a constant.
+        ValueError: unknown mode, ``seq-mean-token-sum-norm`` without a positive
+            constant, or ``tokens_per_sample`` not of shape ``[B]``.
     """
     if mode not in REDUCTIONS:
         raise ValueError(f"unknown loss reduction {mode!r}; one of {', '.join(REDUCTIONS)}")
     mask = mask.bool()
-    z = masked_fill_zero(loss, mask)
+    z = masked_fill_zero(loss, mask)  # [B, T]
     if mode == "token-mean":
         n = mask.sum() if num_tokens is None else num_tokens
         return z.sum() / _as_denominator(n, z)
     m = mask.shape[0] if num_samples is None else num_samples
     per_sample = z.sum(-1)  # [B]
     if mode == "seq-mean-token-mean":
-        per_sample = per_sample / mask.sum(-1).clamp(min=1).to(z.dtype)
+        if tokens_per_sample is None:
+            tokens_per_sample = mask.sum(-1)
+        elif tokens_per_sample.shape != per_sample.shape:
+            raise ValueError(f"tokens_per_sample must have shape {tuple(per_sample.shape)}, "
+                             f"got {tuple(tokens_per_sample.shape)}")
+        per_sample = per_sample / tokens_per_sample.to(z.dtype).clamp(min=1)
     elif mode == "seq-mean-token-sum-norm":
         if norm_constant is None or not norm_constant > 0:
             raise ValueError("seq-mean-token-sum-norm needs a positive norm_constant")
