@@ -13,7 +13,7 @@ and micro-batches of each one's contribution equals the one-process value.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -178,43 +178,188 @@ def broadcast_to_tokens(per_sample: Tensor, mask: Tensor) -> Tensor:
     return masked_fill_zero(per_sample[:, None].expand(mask.shape).to(torch.float32), mask.bool())
 
 
+class GroupAdvantages(NamedTuple):
+    """Result of :func:`group_advantages` (``B`` samples, ``G`` groups)."""
+
+    advantages: Tensor
+    """float32 ``[B]`` per-sample advantage (0 for unscored samples and no-signal groups)."""
+    gid: Tensor
+    """long ``[B]`` dense group id ``0..G-1`` of each sample."""
+    group_count: Tensor
+    """float64 ``[G]`` scorable (finite-reward) members of each group."""
+    group_no_signal: Tensor
+    """bool ``[G]`` groups whose advantages are all 0: fewer than 2 scorable members, or
+    reward std ≤ :data:`ZERO_STD_TOL` (all equal)."""
+
+    @property
+    def zero_std_group_frac(self) -> float:
+        """Fraction of groups with no signal (``rollout/zero_std_group_frac``); 0 if no group."""
+        n = self.group_no_signal.numel()
+        return float(self.group_no_signal.sum()) / n if n else 0.0
+
+
+def group_advantages(rewards: Tensor, group_index: Tensor, *, baseline: str,
+                     std_normalization: bool = False, std_eps: float = STD_EPS) -> GroupAdvantages:
+    """Group-relative scalar advantages, vectorised (scatter over ``group_index``).
+
+    With the scorable members R_1..R_G of a group (finite rewards; NaN = the scorer
+    returned ``None``), mean R̄ and unbiased std s (N−1):
+
+    - ``baseline="mean"``: A_i = R_i − R̄, divided by (s + ``std_eps``) when
+      ``std_normalization`` (GRPO, Shao et al. 2024 §4.1.2; without it Dr.GRPO, Liu et al.
+      2025 §3.1).
+    - ``baseline="leave_one_out"``: A_i = R_i − mean_{j≠i} R_j = G/(G−1)·(R_i − R̄), no std
+      (RLOO, Ahmadian et al. 2024 eq. 5).
+
+    Unscored samples get 0 and are excluded from their group's statistics; a group with
+    fewer than 2 scorable members, or whose std is ≤ :data:`ZERO_STD_TOL`, gets exactly 0
+    (never NaN).  Statistics in float64, result float32.
+
+    Values (tests): [1, 0, 0, 0] → [1.499997, −0.499999 ×3] (std on), [0.75, −0.25 ×3]
+    (std off), [1, −1/3 ×3] (leave-one-out); [1, NaN, 0, 0] → [1.154699, 0, −0.577349 ×2].
+
+    Args:
+        rewards: float ``[B]``, NaN where unscored.
+        group_index: long ``[B]``.
+
+    Raises:
+        ValueError: unknown ``baseline``, or shapes that are not both ``[B]``.
+    """
+    if baseline not in ("mean", "leave_one_out"):
+        raise ValueError(f"unknown group baseline {baseline!r}; 'mean' or 'leave_one_out'")
+    if rewards.dim() != 1 or group_index.shape != rewards.shape:
+        raise ValueError(f"rewards and group_index must both be [B], got {tuple(rewards.shape)} and {tuple(group_index.shape)}")
+    r = rewards.to(torch.float64)
+    valid = torch.isfinite(r)
+    st = group_stats(r, group_index, valid)
+    gid, count, std = st["gid"], st["group_count"], st["group_std"]
+    no_signal = (count < 2) | (std <= ZERO_STD_TOL)  # [G]
+    centred = r - st["mean"]
+    if baseline == "leave_one_out":
+        n = st["count"]
+        adv = centred * n / (n - 1).clamp(min=1)
+    elif std_normalization:
+        adv = centred / (st["std"] + std_eps)
+    else:
+        adv = centred
+    keep = valid & ~no_signal[gid]
+    adv = torch.where(keep, adv, torch.zeros_like(adv)).to(torch.float32)
+    return GroupAdvantages(adv, gid, count, no_signal)
+
+
 # --------------------------------------------------------------------------- KL
 
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
+#: x = log π − log π_ref is clamped to this range before the exponential of k3/low_var_kl.
+KL_LOG_RATIO_CLAMP = 20.0
+#: ``low_var_kl`` is clamped to [−10, 10] (Relax upstream ``compute_approx_kl``).
+LOW_VAR_KL_CLAMP = 10.0
 
 
-def kl_estimate(log_probs: Tensor, ref_log_probs: Tensor, kind: str) -> Tensor:
-    """Per-token estimate of KL(π_θ ‖ π_ref) from sampled tokens, in float32.
+def kl_estimate(log_probs: Tensor, ref_log_probs: Tensor, kind: str, *, mask: Tensor | None = None) -> Tensor:
+    """Per-token estimate of KL(π_θ ‖ π_ref) from the sampled tokens, in float32.
 
     With x = log π_θ − log π_ref (Schulman, "Approximating KL divergence", 2020):
-    ``k1`` = x, ``k2`` = x²/2, ``k3`` = ``low_var_kl`` = e^(−x) − 1 + x, with x clamped to
-    [−20, 20] before the exp, and ``low_var_kl`` clamped to [−10, 10].
 
-    Values (tests): log π = −1.0, log π_ref = −1.5 → k1 0.5, k2 0.125, k3 0.106531;
-    d k3/d log π = 0.393469.
+    - ``k1`` = x (unbiased, signed);
+    - ``k2`` = x²/2;
+    - ``k3`` = e^(−x) − 1 + x (unbiased, ≥ 0), with x clamped to [−20, 20] first (the
+      gradient is 0 beyond the clamp);
+    - ``low_var_kl`` = k3 clamped to [−10, 10].
+
+    The KL loss of ``--use-kl-loss --kl-loss-coef c --kl-loss-type K`` is
+    ``c * reduce_loss(kl_estimate(log_probs, ref_log_probs, K, mask=loss_mask), loss_mask, mode)``
+    with the run's reduction and global denominators; REINFORCE++ uses ``k1`` of
+    (log π_old, log π_ref) as its reward-side KL.
+
+    Args:
+        log_probs: float ``[...]`` log π_θ of the sampled tokens (nats; may require grad).
+        ref_log_probs: float ``[...]`` log π_ref (nats; same shape).
+        kind: one of :data:`KL_TYPES`.
+        mask: optional bool ``[...]``; where it is False the output is 0 and neither the
+            value nor the gradient sees the inputs (they may hold NaN or 1e9).
+
+    Returns:
+        float32 ``[...]`` (nats).
+
+    Values (``tests/core/test_kl.py``): log π = −1.0, log π_ref = −1.5 → k1 0.5, k2 0.125,
+    k3 0.106531; d/d log π: k1 1, k2 0.5, k3 0.393469.  At (−100, 0) every kind is finite
+    in value and gradient.
 
     Raises:
-        ValueError: unknown ``kind``.
+        ValueError: unknown ``kind``, or shapes that differ.
     """
     if kind not in KL_TYPES:
         raise ValueError(f"unknown KL type {kind!r}; one of {', '.join(KL_TYPES)}")
+    if log_probs.shape != ref_log_probs.shape:
+        raise ValueError(f"log_probs {tuple(log_probs.shape)} and ref_log_probs "
+                         f"{tuple(ref_log_probs.shape)} must have the same shape")
     x = log_probs.to(torch.float32) - ref_log_probs.to(torch.float32)
+    if mask is not None:
+        x = masked_fill_zero(x, mask.bool())  # before any non-linearity: no NaN gradient
     if kind == "k1":
-        return x
-    if kind == "k2":
-        return 0.5 * x * x
-    x = x.clamp(-20.0, 20.0)
-    k3 = torch.exp(-x) - 1.0 + x
-    if kind == "low_var_kl":
-        k3 = k3.clamp(-10.0, 10.0)
-    return k3
+        kl = x
+    elif kind == "k2":
+        kl = 0.5 * x * x
+    else:
+        x = x.clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
+        kl = torch.exp(-x) - 1.0 + x
+        if kind == "low_var_kl":
+            kl = kl.clamp(-LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP)
+    return kl if mask is None else masked_fill_zero(kl, mask.bool())
+
+
+# --------------------------------------------------------------------------- returns
+
+
+def discounted_cumsum(x: Tensor, discount: float, *, chunk: int = 128) -> Tensor:
+    """Reverse discounted cumulative sum along the last dim: y_t = Σ_{u≥t} discount^(u−t) x_u.
+
+    The recurrence y_t = x_t + discount·y_{t+1} (y_T = 0) of returns and of GAE
+    (Schulman et al. 2016, eq. 16), computed as a chunked scan: inside each chunk of
+    ``chunk`` positions a matrix product with M[i, j] = discount^(j−i) (j ≥ i), then the
+    carry between chunks by the same scan over the chunks' first entries with discount^chunk
+    (recursively).  No Python loop over positions; powers never exceed ``chunk`` so nothing
+    overflows for discount < 1.
+
+    Args:
+        x: float ``[..., T]`` (use float64 for long sequences; the output keeps x's dtype).
+        discount: in [0, 1].
+        chunk: positions per chunk (≥ 2; the recursion depth is log_chunk(T)).
+
+    Returns:
+        ``[..., T]`` of x's dtype.
+
+    Raises:
+        ValueError: discount outside [0, 1] or chunk < 2.
+    """
+    if not 0.0 <= discount <= 1.0:
+        raise ValueError(f"discount must be in [0, 1], got {discount}")
+    if chunk < 2:
+        raise ValueError(f"chunk must be >= 2, got {chunk}")
+    t = x.shape[-1]
+    if t == 0:
+        return x.clone()
+    k = min(chunk, t)
+    n = -(-t // k)
+    xc = torch.nn.functional.pad(x, (0, n * k - t)).reshape(*x.shape[:-1], n, k)  # [..., n, k]
+    pos = torch.arange(k, device=x.device)
+    e = pos[None, :] - pos[:, None]  # [k, k] j − i
+    d = torch.tensor(discount, dtype=x.dtype, device=x.device)
+    m = torch.where(e >= 0, d ** e.clamp(min=0).to(x.dtype), torch.zeros((), dtype=x.dtype, device=x.device))
+    local = xc @ m.T  # [..., n, k]: Σ_{j≥i in chunk} d^(j−i) x_j
+    if n > 1:
+        heads = discounted_cumsum(local[..., 0], discount ** k, chunk=chunk)  # [..., n] y at chunk starts
+        nxt = torch.nn.functional.pad(heads[..., 1:], (0, 1))  # [..., n] y at the next chunk's start
+        local = local + nxt[..., None] * d ** (k - pos).to(x.dtype)  # carry d^(k−i)·y_next
+    return local.reshape(*x.shape[:-1], n * k)[..., :t]
 
 
 # --------------------------------------------------------------------------- distributed helpers
 
 
 def all_reduce_sum(t: Tensor, group: Any = None) -> Tensor:
-    """Sum over the ranks of ``group`` (identity when ``group`` is None / not initialised)."""
+    """Sum over the ranks of ``group`` (identity when ``group`` is None)."""
     if group is None:
         return t
     import torch.distributed as dist
@@ -226,29 +371,47 @@ def all_reduce_sum(t: Tensor, group: Any = None) -> Tensor:
 
 def masked_normalize(values: Tensor, mask: Tensor, *, group: Any = None, eps: float = 1e-8,
                      unbiased: bool = False) -> tuple[Tensor, dict[str, float]]:
-    """Normalise token values over all valid tokens of the global batch (all DP ranks).
+    """Normalise token values over every valid token of the global batch (all DP ranks).
 
-    Two passes: μ = Σ m·v / N, σ² = Σ m·(v − μ)² / N (population variance; ×N/(N−1) when
-    ``unbiased``), output m·(v − μ)/sqrt(max(σ², eps)).  Computed in float32 (float64 for
-    float64 input).  A rank with no valid tokens still joins the collectives.
+    Two passes, each one all-reduce over ``group``: μ = Σ m·v / N, then
+    σ² = Σ m·(v − μ)² / N (population variance; ×N/(N−1) when ``unbiased`` and N > 1);
+    output m·(v − μ)/sqrt(max(σ², eps)).  Every rank gets the same μ and σ², so the result
+    does not depend on how the batch is sharded.  Computed in float32 (float64 for float64
+    input).  A rank with no valid token still joins both collectives (it must: they are
+    collective calls) and returns zeros.
 
-    Source: REINFORCE++ (Hu et al. 2025, §3 "global advantage normalization").
+    Source: REINFORCE++ (Hu et al. 2025, "REINFORCE++", §3, global advantage
+    normalisation); Relax upstream ``distributed_masked_normalize``.
+
+    Args:
+        values: float ``[B, T]`` (masked slots may hold NaN or 1e9: they reach neither the
+            statistics, the output nor the gradient).
+        mask: bool ``[B, T]`` valid tokens.
+        group: ``torch.distributed`` process group of the data-parallel ranks, or None
+            (this process holds the whole batch).
+        eps: floor of the variance.
+        unbiased: Bessel's correction N/(N−1).
+
+    Returns:
+        ``(normalised [B, T] float32/float64 with 0 at masked slots, {"mean": μ,
+        "var": σ², "count": N})`` (python floats, identical on every rank).
+
+    Example (``tests/core/test_normalize.py``, 2 ranks): rank 0 [1, 1e4 (masked), 3], rank
+    1 [−1, 5] → μ = 2, σ² = 5; rank 0 [−1, 0, 1]/√5, rank 1 [−3, 3]/√5.
 
     Raises:
-        ValueError: when no rank has a valid token.
+        ValueError: when no rank has a valid token (raised on every rank alike).
     """
     dt = torch.float64 if values.dtype == torch.float64 else torch.float32
     mask = mask.bool()
     v = masked_fill_zero(values.to(dt), mask)
-    stats = torch.stack([v.sum(), mask.sum().to(dt)])
-    stats = all_reduce_sum(stats, group)
+    stats = all_reduce_sum(torch.stack([v.sum(), mask.sum().to(dt)]), group)
     n = stats[1]
     if n.item() == 0:
         raise ValueError("masked_normalize: the loss mask is empty on every rank; nothing to normalise")
     mu = stats[0] / n
     d = masked_fill_zero(v - mu, mask)
-    ss = all_reduce_sum((d * d).sum(), group)
-    var = ss / n
+    var = all_reduce_sum((d * d).sum(), group) / n
     if unbiased and n.item() > 1:
         var = var * n / (n - 1)
     out = masked_fill_zero(d * torch.rsqrt(var.clamp(min=eps)), mask)
