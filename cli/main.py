@@ -140,7 +140,11 @@ def plugins_show(name: str, kind: Optional[str] = typer.Option(None, help="Disam
     reg = _registry()
     found = [r for r in reg.find(name) if kind is None or r.spec.kind == kind]
     if not found:
-        typer.echo(f"error: no component named '{name}' (see `relax plugins`)", err=True)
+        broken = [p for p in reg.plugins if p.status == "error" and name in (p.name, p.dist)]
+        for p in broken:
+            typer.echo(f"error: plugin '{p.name}' ({p.dist} {p.version}) failed to load: {p.error}", err=True)
+        if not broken:
+            typer.echo(f"error: no component named '{name}' (see `relax plugins`)", err=True)
         raise typer.Exit(2)
     for r in found:
         s = r.spec
@@ -150,11 +154,19 @@ def plugins_show(name: str, kind: Optional[str] = typer.Option(None, help="Disam
         if s.params is not None:
             typer.echo("  parameters:")
             for f in dataclasses.fields(s.params):
-                rec = f"  recommended: {f.metadata['recommended']!r}" if "recommended" in f.metadata else ""
-                typer.echo(f"    {param_flag(s.name, f)} = {f.default!r}{rec}  {f.metadata.get('help', '')}")
+                m = f.metadata
+                extra = [f"{k} {m[k]}" for k in ("ge", "gt", "le", "lt") if m.get(k) is not None]
+                if m.get("choices"):
+                    extra.append("one of " + ", ".join(map(str, m["choices"])))
+                if m.get("unit"):
+                    extra.append(f"unit {m['unit']}")
+                if "recommended" in m:
+                    extra.append(f"recommended {m['recommended']!r}")
+                tail = f"  [{'; '.join(extra)}]" if extra else ""
+                typer.echo(f"    {param_flag(s.name, f)} = {f.default!r}  {m.get('help', '')}{tail}")
         caps = s.capabilities_for()
         if caps is not None:
-            typer.echo("  capabilities:")
+            typer.echo("  capabilities (defaults of the parameters):")
             for f in dataclasses.fields(caps):
                 typer.echo(f"    {f.name}: {format_value(getattr(caps, f.name))}")
 
@@ -180,7 +192,7 @@ def capabilities(
         from rich.console import Console
 
         console = Console()
-        for table in matrix_tables(reg, kind):
+        for table in matrix_tables(reg, kind, width=console.width):
             console.print(table)
 
 

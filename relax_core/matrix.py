@@ -69,7 +69,9 @@ def matrix_markdown(reg: Registry, kind: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def matrix_tables(reg: Registry, kind: str | None = None) -> list:
+def matrix_tables(reg: Registry, kind: str | None = None, width: int | None = None) -> list:
+    """rich tables, one per kind: one row per component, one column per capability; a
+    table wider than ``width`` (the terminal) is transposed so that it stays readable."""
     from rich.table import Table
 
     tables = []
@@ -77,12 +79,23 @@ def matrix_tables(reg: Registry, kind: str | None = None) -> list:
         if k not in _TITLES:
             continue
         caps_rows = [c for c in rows(k) if c.matrix]
+        comps = sorted(reg.components[k].items())
+        cells = {name: [format_value(getattr(r.spec.capabilities_for(), c.field)) for c in caps_rows]
+                 for name, r in comps}
+        need = 4 + sum(3 + max(len(c.title), *(len(cells[n][i]) for n, _ in comps), 1)
+                       for i, c in enumerate(caps_rows))
         t = Table(title=_TITLES[k])
-        t.add_column("component")
-        for c in caps_rows:
-            t.add_column(c.title)
-        for name, r in sorted(reg.components[k].items()):
-            caps = r.spec.capabilities_for()
-            t.add_row(name, *[format_value(getattr(caps, c.field)) for c in caps_rows])
+        if width is None or need <= width or not comps:
+            t.add_column("component")
+            for c in caps_rows:
+                t.add_column(c.title)
+            for name, _ in comps:
+                t.add_row(name, *cells[name])
+        else:
+            t.add_column("capability")
+            for name, _ in comps:
+                t.add_column(name)
+            for i, c in enumerate(caps_rows):
+                t.add_row(c.title, *[cells[name][i] for name, _ in comps])
         tables.append(t)
     return tables

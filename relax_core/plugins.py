@@ -11,6 +11,7 @@ distributions registering the same component name is an error naming both.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.metadata as md
 import os
@@ -124,18 +125,37 @@ def _dist_info(ep: md.EntryPoint) -> tuple[str, str, str | None]:
 
 
 def _check_hooks(pm: pluggy.PluginManager, plugin: Any) -> list[str]:
-    """Names of ``relax_*`` hook implementations that match no hook spec."""
+    """Problems with the plugin's ``relax_*`` functions: hook implementations that match
+    no hook spec (misspelled), and hook-named functions missing ``@relax_core.hookimpl``."""
     bad = []
     valid = list(hookspecs.HOOK_KINDS)
     for attr in dir(plugin):
         if not attr.startswith("relax_"):
             continue
-        if pm.parse_hookimpl_opts(plugin, attr) is None:
-            continue
-        if attr not in hookspecs.HOOK_KINDS:
-            close = difflib.get_close_matches(attr, valid, n=1)
-            bad.append(f"unknown hook '{attr}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+        marked = pm.parse_hookimpl_opts(plugin, attr) is not None
+        close = difflib.get_close_matches(attr, valid, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close and close[0] != attr else ""
+        if marked and attr not in hookspecs.HOOK_KINDS:
+            bad.append(f"unknown hook '{attr}'{hint}")
+        elif not marked and attr.startswith("relax_register_") and callable(getattr(plugin, attr, None)):
+            bad.append(f"'{attr}' is not marked with @relax_core.hookimpl{hint}")
     return bad
+
+
+def _spec_problems(spec: ComponentSpec, kind: str) -> list[str]:
+    """Cheap structural checks of one spec (the contract kit checks more)."""
+    out = []
+    if not _NAME_RE.match(spec.name):
+        out.append(f"component name {spec.name!r} must match [a-z][a-z0-9_]*")
+    if spec.params is not None and not dataclasses.is_dataclass(spec.params):
+        out.append(f"{kind} '{spec.name}': params must be a dataclass, got {spec.params!r}")
+    caps, want = spec.capabilities, type(spec).capabilities_type
+    if want is not None and caps is not None and not isinstance(caps, want) and not callable(caps):
+        out.append(f"{kind} '{spec.name}': capabilities must be a {want.__name__} or a callable "
+                   f"params -> {want.__name__}, got {type(caps).__name__}")
+    if ":" not in spec.factory:
+        out.append(f"{kind} '{spec.name}': factory must be 'package.module:callable', got {spec.factory!r}")
+    return out
 
 
 def _collect(pm: pluggy.PluginManager, plugin: Any, info: PluginInfo) -> list[tuple[str, ComponentSpec]]:
@@ -154,19 +174,20 @@ def _collect(pm: pluggy.PluginManager, plugin: Any, info: PluginInfo) -> list[tu
             want = SPEC_TYPES[kind]
             if not isinstance(spec, want):
                 raise TypeError(f"{hook_name} returned {type(spec).__name__}, expected {want.__name__}")
-            if not _NAME_RE.match(spec.name):
-                raise ValueError(f"component name {spec.name!r} must match [a-z][a-z0-9_]*")
             if spec.api_version not in SUPPORTED_API_VERSIONS:
                 raise ValueError(
                     f"{kind} '{spec.name}' declares api_version {spec.api_version}; this relax-core "
                     f"supports {sorted(SUPPORTED_API_VERSIONS)}: upgrade relax-core or install a "
                     f"version of {info.dist} written for it")
+            problems = _spec_problems(spec, kind)
+            if problems:
+                raise ValueError("; ".join(problems))
             out.append((kind, spec))
     return out
 
 
 def load_registry(
-    plugins: Iterable[tuple[str, Any]] = (),
+    plugins: Iterable[tuple[Any, ...]] = (),
     *,
     entry_points: bool = True,
     strict: bool | None = None,
@@ -174,13 +195,17 @@ def load_registry(
     """Build a registry from the installed entry points and/or given plugin objects.
 
     Args:
-        plugins: extra ``(name, module_or_object)`` pairs registered directly (tests and
-            throwaway plugins; their distribution shows as ``(local)``).
+        plugins: extra plugins registered directly, without entry points (tests and
+            throwaway plugins): ``(name, module_or_object)`` or ``(name, obj, distribution,
+            version)``; the distribution defaults to ``(local)``.
         entry_points: also load the ``relax.plugins`` entry points.
         strict: fail on any broken plugin (default: ``RELAX_STRICT_PLUGINS=1``).
 
+    Plugin selection: ``RELAX_LOAD_PLUGINS`` / ``RELAX_DISABLE_PLUGINS`` (comma lists of
+    plugin or distribution names); the rest are listed with status ``disabled``.
+
     Raises:
-        PluginError: in strict mode, on the first broken plugin.
+        PluginError: in strict mode, on the first broken plugin or on a duplicate name.
     """
     if strict is None:
         strict = os.environ.get("RELAX_STRICT_PLUGINS", "") not in ("", "0")
@@ -196,22 +221,27 @@ def load_registry(
         for ep in sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
             dist, version, path = _dist_info(ep)
             candidates.append((PluginInfo(ep.name, dist, version, path), ep.load))
-    for name, obj in plugins:
-        candidates.append((PluginInfo(name, "(local)", "-", getattr(obj, "__file__", None)), lambda obj=obj: obj))
+    for name, obj, *dist in plugins:
+        dist_name, version = (list(dist) + ["(local)", "-"][len(dist):])[:2]
+        candidates.append((PluginInfo(name, dist_name, version, getattr(obj, "__file__", None)), lambda obj=obj: obj))
 
     for info, loader in candidates:
         reg.plugins.append(info)
         if (only is not None and info.name not in only and info.dist not in only) or info.name in skip or info.dist in skip:
             info.status = "disabled"
             continue
+        plugin = None
         try:
             plugin = loader()
             bad = _check_hooks(pm, plugin)
             if bad:
                 raise ValueError("; ".join(bad))
+            pm.register(plugin, name=info.name)  # checks hook signatures against the specs
             specs = _collect(pm, plugin, info)
-            pm.register(plugin, name=info.name)
+            info.path = getattr(plugin, "__file__", None) or info.path
         except Exception as e:  # a broken plugin must not break the others
+            if plugin is not None and pm.is_registered(plugin):
+                pm.unregister(plugin)
             info.status = "error"
             info.error = f"{type(e).__name__}: {e}"
             if os.environ.get("RELAX_DEBUG_PLUGINS"):
@@ -230,7 +260,7 @@ def load_registry(
                 continue
             reg.components[kind][spec.name] = Registered(spec, info)
             info.components.append((kind, spec.name))
-    pm.check_pending()
+    pm.check_pending()  # safety net: _check_hooks already refused unknown hooks
     if strict and reg.problems:
         raise PluginError("\n".join(reg.problems))
     return reg

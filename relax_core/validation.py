@@ -74,29 +74,33 @@ def _select(reg: Registry, kind: str, name: str, cfg: RunConfig, problems: list[
 
 
 def _batch_problems(cfg: RunConfig) -> list[Problem]:
+    """Batch-shape arithmetic: a rollout splits into whole optimizer steps, a step into
+    equal data-parallel shares, a share into whole micro-batches."""
     out = []
     n = cfg.rollout_batch_size * cfg.n_samples_per_prompt
+    steps = cfg.num_steps_per_rollout
     gbs = cfg.effective_global_batch_size
+    dp = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node if cfg.launcher == "ray" else 1
 
     def add(msg: str, fix: str) -> None:
         out.append(Problem("config", "batch shape", msg, fix))
 
-    if n % cfg.num_steps_per_rollout:
-        add(f"rollout_batch_size × n_samples_per_prompt = {n} is not divisible by --num-steps-per-rollout {cfg.num_steps_per_rollout}",
-            "make the rollout divisible into equal optimizer steps")
-    if cfg.global_batch_size is not None and gbs * cfg.num_steps_per_rollout != n and cfg.num_steps_per_rollout > 1:
-        add(f"--global-batch-size {gbs} × --num-steps-per-rollout {cfg.num_steps_per_rollout} != {n} samples per rollout",
-            "omit --global-batch-size (it is derived) or make them agree")
-    if gbs > 0 and n % gbs:
-        add(f"samples per rollout {n} is not divisible by --global-batch-size {gbs}",
-            "choose a global batch size that divides rollout_batch_size × n_samples_per_prompt")
-    if cfg.micro_batch_size is not None and gbs % cfg.micro_batch_size:
-        add(f"--global-batch-size {gbs} is not divisible by --micro-batch-size {cfg.micro_batch_size}",
-            "choose a micro-batch size that divides the global batch size")
-    dp = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node if cfg.launcher == "ray" else 1
+    if n % steps:
+        add(f"rollout_batch_size × n_samples_per_prompt = {cfg.rollout_batch_size}×{cfg.n_samples_per_prompt} = {n} "
+            f"samples per rollout is not divisible by --num-steps-per-rollout {steps}",
+            "make the samples per rollout a multiple of --num-steps-per-rollout")
+    elif gbs * steps != n:
+        add(f"--global-batch-size {gbs} × --num-steps-per-rollout {steps} = {gbs * steps} != {n} samples per rollout "
+            f"(rollout_batch_size × n_samples_per_prompt = {cfg.rollout_batch_size}×{cfg.n_samples_per_prompt})",
+            f"omit --global-batch-size (it is derived: {n // steps}) or set --num-steps-per-rollout "
+            f"{n // gbs if gbs and n % gbs == 0 else 'to samples per rollout / global batch size'}")
     if gbs % dp:
-        add(f"--global-batch-size {gbs} is not divisible by the {dp} data-parallel workers",
-            "choose a global batch size divisible by actor_num_nodes × actor_num_gpus_per_node")
+        add(f"--global-batch-size {gbs} is not divisible by the {dp} data-parallel training workers",
+            "choose a global batch size divisible by --actor-num-nodes × --actor-num-gpus-per-node")
+    elif cfg.micro_batch_size is not None and (gbs // dp) % cfg.micro_batch_size:
+        add(f"each training worker's share of the global batch ({gbs} / {dp} = {gbs // dp} samples) is not "
+            f"divisible by --micro-batch-size {cfg.micro_batch_size}",
+            "choose a micro-batch size that divides global_batch_size / data-parallel workers")
     return out
 
 
