@@ -165,6 +165,37 @@ class Estimator(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ValueLossInput:
+    """Input of ``CriticEstimator.value_loss`` for one critic micro-batch.
+
+    The critic (a value head on its own copy of the backbone, or ``--critic-load``) is
+    trained by the backend with ``train_step(batch, loss_fn, role="critic")``; ``loss_fn``
+    builds this from the critic forward and the batch tensors.
+
+    Attributes:
+        values: float ``[B, T]`` V_θ(s_t) of the critic being trained (requires grad).
+        old_values: float ``[B, T]`` V_old(s_t), the critic's values when the rollout was
+            scored (the ``values`` of :class:`AdvantageInput`; detached).
+        returns: float ``[B, T]`` value targets R_t (``AdvantageOutput.returns``; detached).
+        loss_mask: bool ``[B, T]``.
+    """
+
+    values: Tensor
+    old_values: Tensor
+    returns: Tensor
+    loss_mask: Tensor
+
+
+class CriticEstimator(Estimator, Protocol):
+    """What the factory of an estimator declaring ``needs_critic`` returns: an estimator
+    that also gives the critic's per-token loss (``loss`` ``[B, T]``, reduced by the core
+    with the run's reduction like the policy loss; metrics as in :class:`PolicyLossOutput`,
+    e.g. ``value_clipfrac``)."""
+
+    def value_loss(self, inp: ValueLossInput) -> PolicyLossOutput: ...
+
+
+@dataclass(frozen=True, kw_only=True)
 class CorrectionInput:
     """Input of ``Correction.apply`` for one micro-batch.
 
