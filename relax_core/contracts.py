@@ -186,11 +186,30 @@ class ValueLossInput:
     loss_mask: Tensor
 
 
+@dataclass(frozen=True, kw_only=True)
+class CriticSettings:
+    """How the core sets up and schedules the critic of a critic estimator.
+
+    Attributes:
+        lr: critic learning rate (PPO ``--critic-lr``, default ``--lr``).
+        load: initial critic weights (``--critic-load``): a model directory; ``None`` = a
+            copy of the actor's initial backbone with a fresh scalar value head.
+        num_critic_only_steps: first steps that train only the critic (the actor's
+            optimizer step is skipped), ``--num-critic-only-steps``.
+    """
+
+    lr: float
+    load: str | None = None
+    num_critic_only_steps: int = 0
+
+
 class CriticEstimator(Estimator, Protocol):
     """What the factory of an estimator declaring ``needs_critic`` returns: an estimator
     that also gives the critic's per-token loss (``loss`` ``[B, T]``, reduced by the core
     with the run's reduction like the policy loss; metrics as in :class:`PolicyLossOutput`,
-    e.g. ``value_clipfrac``)."""
+    e.g. ``value_clipfrac``) and the critic's settings."""
+
+    critic_settings: CriticSettings
 
     def value_loss(self, inp: ValueLossInput) -> PolicyLossOutput: ...
 
