@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import importlib.metadata as md
 import os
 import re
@@ -196,8 +197,10 @@ def load_registry(
 
     Args:
         plugins: extra plugins registered directly, without entry points (tests and
-            throwaway plugins): ``(name, module_or_object)`` or ``(name, obj, distribution,
-            version)``; the distribution defaults to ``(local)``.
+            throwaway plugins): ``(name, obj)`` or ``(name, obj, distribution, version)``,
+            where ``obj`` is a module, an object with hook methods, or a module path
+            imported here (an import error then marks the plugin broken, as for an
+            entry point); the distribution defaults to ``(local)``.
         entry_points: also load the ``relax.plugins`` entry points.
         strict: fail on any broken plugin (default: ``RELAX_STRICT_PLUGINS=1``).
 
@@ -223,7 +226,8 @@ def load_registry(
             candidates.append((PluginInfo(ep.name, dist, version, path), ep.load))
     for name, obj, *dist in plugins:
         dist_name, version = (list(dist) + ["(local)", "-"][len(dist):])[:2]
-        candidates.append((PluginInfo(name, dist_name, version, getattr(obj, "__file__", None)), lambda obj=obj: obj))
+        loader = (lambda obj=obj: importlib.import_module(obj)) if isinstance(obj, str) else (lambda obj=obj: obj)
+        candidates.append((PluginInfo(name, dist_name, version, getattr(obj, "__file__", None)), loader))
 
     for info, loader in candidates:
         reg.plugins.append(info)

@@ -1,0 +1,123 @@
+"""The plugin host: broken plugins, duplicates, selection by environment, hook checks."""
+
+import pytest
+from relax_core_test_toys import BASE_CAPS, estimator, make_plugin
+
+from relax_core import EstimatorSpec, hookimpl
+from relax_core.config import RunConfig
+from relax_core.plugins import PluginError, load_registry
+from relax_core.validation import resolve
+
+BROKEN = ("broken", "relax_core_test_no_such_module", "relax-broken", "0.3.1")
+
+
+def test_broken_plugin_is_recorded_and_others_still_load(registry_with):
+    reg = registry_with(BROKEN, ("toy", make_plugin(estimator(caps=BASE_CAPS)), "relax-toy", "1.0"))
+    info = {p.name: p for p in reg.plugins}
+    assert info["broken"].status == "error"
+    assert (info["broken"].dist, info["broken"].version) == ("relax-broken", "0.3.1")
+    assert info["broken"].error == "ModuleNotFoundError: No module named 'relax_core_test_no_such_module'"
+    assert info["toy"].status == "ok" and reg.names("estimator") == ["toy"]
+
+
+def test_selecting_a_component_of_a_broken_plugin_fails_with_its_error(registry_with):
+    reg = registry_with(BROKEN)
+    _, problems = resolve(RunConfig(advantage_estimator="broken"), reg)
+    [p] = [p for p in problems if p.component == "estimator 'broken'"]
+    assert "plugin 'broken' (relax-broken 0.3.1) failed to load: ModuleNotFoundError" in p.message
+
+
+def test_strict_mode_fails_on_a_broken_plugin(registry_with, monkeypatch):
+    monkeypatch.setenv("RELAX_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match=r"plugin 'broken' \(relax-broken 0.3.1\) failed to load: ModuleNotFoundError"):
+        registry_with(BROKEN)
+    monkeypatch.setenv("RELAX_STRICT_PLUGINS", "0")
+    assert registry_with(BROKEN).plugins[1].status == "error"
+
+
+def test_duplicate_name_names_both_distributions(registry_with):
+    reg = registry_with(("a", make_plugin(estimator(caps=BASE_CAPS)), "relax-toy", "1.0"),
+                        ("b", make_plugin(estimator(caps=BASE_CAPS)), "relax-toy-fork", "2.0"))
+    assert reg.problems == [
+        "estimator 'toy' is registered by two distributions: relax-toy 1.0 (plugin 'a') and "
+        "relax-toy-fork 2.0 (plugin 'b'). Uninstall one, or disable one with RELAX_DISABLE_PLUGINS=b"]
+    _, problems = resolve(RunConfig(advantage_estimator="toy"), reg)
+    assert any("relax-toy 1.0" in p.message and "relax-toy-fork 2.0" in p.message for p in problems)
+    with pytest.raises(PluginError, match="registered by two distributions"):
+        load_registry([("a", make_plugin(estimator()), "relax-toy", "1"), ("b", make_plugin(estimator()), "relax-fork", "1")],
+                      entry_points=False, strict=True)
+
+
+@pytest.mark.parametrize("var,value,loaded", [
+    ("RELAX_LOAD_PLUGINS", "one", {"one"}),
+    ("RELAX_LOAD_PLUGINS", "relax-two, infra", {"two", "infra"}),  # distribution names work too
+    ("RELAX_DISABLE_PLUGINS", "one", {"two", "infra"}),
+    ("RELAX_DISABLE_PLUGINS", "relax-one,relax-two", {"infra"}),
+])
+def test_environment_selects_plugins(registry_with, monkeypatch, var, value, loaded):
+    monkeypatch.setenv(var, value)
+    reg = registry_with(("one", make_plugin(estimator("one")), "relax-one", "1"),
+                        ("two", make_plugin(estimator("two")), "relax-two", "1"))
+    assert {p.name for p in reg.plugins if p.status == "ok"} == loaded
+    assert {p.name for p in reg.plugins if p.status == "disabled"} == {"infra", "one", "two"} - loaded
+    assert set(reg.names("estimator")) == loaded - {"infra"}
+
+
+def test_misspelled_hook_is_caught_with_a_suggestion(registry_with):
+    bad = make_plugin(relax_register_estimator=hookimpl(lambda: [estimator()]))
+    reg = registry_with(("typo", bad))
+    assert reg.plugins[1].status == "error"
+    assert reg.plugins[1].error == ("ValueError: unknown hook 'relax_register_estimator' "
+                                    "(did you mean 'relax_register_estimators'?)")
+
+
+def test_hook_without_hookimpl_marker_is_caught(registry_with):
+    reg = registry_with(("nomark", make_plugin(relax_register_estimators=lambda: [estimator()])))
+    assert reg.plugins[1].error == "ValueError: 'relax_register_estimators' is not marked with @relax_core.hookimpl"
+
+
+def test_hook_with_wrong_signature_is_caught(registry_with):
+    reg = registry_with(("sig", make_plugin(relax_register_estimators=hookimpl(lambda config: [estimator()]))))
+    assert reg.plugins[1].status == "error" and "config" in reg.plugins[1].error
+
+
+def test_unsupported_api_version_is_refused(registry_with):
+    reg = registry_with(("future", make_plugin(estimator(api_version=2)), "relax-future", "9.0"))
+    assert reg.plugins[1].status == "error"
+    assert reg.plugins[1].error == (
+        "ValueError: estimator 'toy' declares api_version 2; this relax-core supports [1]: upgrade "
+        "relax-core or install a version of relax-future written for it")
+    assert reg.names("estimator") == []
+
+
+@pytest.mark.parametrize("spec,error", [
+    (lambda: estimator(name="Bad-Name"), "component name 'Bad-Name' must match [a-z][a-z0-9_]*"),
+    (lambda: estimator(params=dict), "params must be a dataclass"),
+    (lambda: estimator(caps=object()), "capabilities must be a EstimatorCapabilities or a callable"),
+    (lambda: EstimatorSpec(name="toy", summary="s", source="s", factory="no_colon"), "factory must be 'package.module:callable'"),
+])
+def test_malformed_spec_is_refused(registry_with, spec, error):
+    reg = registry_with(("bad", make_plugin(spec())))
+    assert reg.plugins[1].status == "error" and error in reg.plugins[1].error
+
+
+def test_wrong_spec_type_for_hook(registry_with):
+    p = make_plugin(relax_register_corrections=hookimpl(lambda: [estimator()]))
+    reg = registry_with(("wrong", p))
+    assert reg.plugins[1].error == "TypeError: relax_register_corrections returned EstimatorSpec, expected CorrectionSpec"
+
+
+def test_unknown_component_suggests_the_closest(registry_with):
+    reg = registry_with(("toy", make_plugin(estimator("rloo"))))
+    with pytest.raises(PluginError, match=r"unknown estimator 'rlooo'. Available: rloo. Did you mean 'rloo'\?"):
+        reg.get("estimator", "rlooo")
+
+
+def test_capabilities_may_depend_on_parameters(registry_with):
+    from relax_core_test_toys import ToyParams
+
+    from relax_core import EstimatorCapabilities
+
+    spec = estimator(caps=lambda p: EstimatorCapabilities(supports_context_parallel=p.mode == "b"))
+    assert spec.capabilities_for().supports_context_parallel is False
+    assert spec.capabilities_for(ToyParams(mode="b")).supports_context_parallel is True
