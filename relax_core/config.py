@@ -357,7 +357,7 @@ def build_config(
                     else:
                         problems.append(f"{where}: unknown parameter '{sub}' of {norm}{_suggest(subn, names)}")
             else:
-                problems.append(f"unknown option {where}{_suggest(norm, valid_keys)}")
+                problems.append(f"{where}: unknown option{_suggest(norm, valid_keys)}")
 
     plugin_params = {}
     for comp, schema in param_schemas.items():
