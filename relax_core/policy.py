@@ -1,7 +1,7 @@
-"""Shared policy-loss pieces: the masked log-ratio, PPO-clip (asymmetric and dual clip) and
-the unclipped REINFORCE loss.  Estimator plugins (grpo, gspo, m2po, ppo, reinforce++, ...)
-build their ``policy_loss`` from these so that every PPO-style loss clips, counts clipped
-tokens and reports ``ppo_kl`` the same way.
+"""Shared estimator pieces: the masked log-ratio, PPO-clip (asymmetric and dual clip), the
+unclipped REINFORCE loss, and the group-family advantage stage.  Estimator plugins (grpo,
+gspo, m2po, ppo, reinforce++, ...) build their ``policy_loss`` from these so that every
+PPO-style loss clips, counts clipped tokens and reports ``ppo_kl`` the same way.
 
 Conventions (see :mod:`relax_core.contracts`): ``B`` samples, ``T`` padded response length,
 ``loss_mask`` bool ``[B, T]``; values at masked positions are garbage (NaN, 1e9) and reach
@@ -30,7 +30,8 @@ from typing import Union
 import torch
 from torch import Tensor
 
-from relax_core.contracts import PolicyLossOutput
+from relax_core.contracts import AdvantageInput, AdvantageOutput, PolicyLossOutput
+from relax_core.numerics import broadcast_to_tokens, group_advantages
 
 #: The log-ratio is clamped to [−LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before ``exp`` so that
 #: the ratio and its gradient stay finite in float32 (e^20 ≈ 4.9e8).  Beyond the clamp the
@@ -151,3 +152,40 @@ def masked_advantages(advantages: Tensor, loss_mask: Tensor) -> Tensor:
 
 def _mask(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+# --------------------------------------------------------------------------- advantage stage
+
+
+def group_mean_advantages(inp: AdvantageInput, *, std_normalization: bool,
+                          normalize_rewards: bool = True) -> AdvantageOutput:
+    """The GRPO-family advantage stage (grpo, gspo, sapo, cispo): group-relative rewards
+    (:func:`relax_core.numerics.group_advantages` with ``baseline="mean"``) broadcast to
+    every valid token; ``returns`` is a copy of the advantages.
+
+    Args:
+        inp: the whole step's batch (groups must be complete in it).
+        std_normalization: divide by the group std + 1e-6 (GRPO) or not (Dr.GRPO,
+            ``--disable-grpo-std-normalization``).
+        normalize_rewards: ``False`` under ``--disable-rewards-normalization``: the raw
+            rewards are broadcast (:func:`raw_reward_advantages`).
+
+    Returns:
+        float32 ``[B, T]`` advantages (0 at masked positions and for unscored samples), and
+        the metric ``rollout/zero_std_group_frac`` when rewards are normalised.
+    """
+    if not normalize_rewards:
+        return raw_reward_advantages(inp)
+    g = group_advantages(inp.rewards, inp.group_index, baseline="mean", std_normalization=std_normalization)
+    adv = broadcast_to_tokens(g.advantages, inp.loss_mask)  # [B, T]
+    return AdvantageOutput(advantages=adv, returns=adv.clone(),
+                           metrics={"rollout/zero_std_group_frac": g.zero_std_group_frac})
+
+
+def raw_reward_advantages(inp: AdvantageInput) -> AdvantageOutput:
+    """Raw sample rewards broadcast to every valid token, no baseline (M2PO; any estimator
+    under ``--disable-rewards-normalization``).  Unscored (NaN) rewards give 0."""
+    r = inp.rewards.to(torch.float32)
+    r = torch.where(torch.isfinite(r), r, torch.zeros((), dtype=r.dtype, device=r.device))
+    adv = broadcast_to_tokens(r, inp.loss_mask)  # [B, T]
+    return AdvantageOutput(advantages=adv, returns=adv.clone())
