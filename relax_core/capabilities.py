@@ -176,6 +176,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(E, "allows_reward_post_processors", "post-procs", "Accepts reward post-processors that replace the raw reward signal.",
                lambda ctx, c: f"does not allow reward post-processors that replace its reward signal ({', '.join(b)})" if not c.allows_reward_post_processors and (b := _strict_processors(ctx)) else None,
                "remove those --reward-processor options"),
+    Capability(E, "metrics", "metrics", "Names of the estimator-specific metrics it reports.", matrix=False),
     # ---------------------------------------------------------------- corrections
     Capability(C, "needs_rollout_log_probs", "rollout logp", "Needs per-token log-probs from the rollout engine.",
                lambda ctx, c: f"needs per-token log-probs, but engine '{ctx.engine.name}' returns none" if c.needs_rollout_log_probs and ctx.engine and not ctx.engine.caps.returns_log_probs else None,
@@ -210,6 +211,7 @@ CAPABILITIES: tuple[Capability, ...] = (
                lambda ctx, c: "does not support --fully-async" if ctx.cfg.fully_async and not c.supports_fully_async else None,
                "drop --fully-async"),
     Capability(C, "order", "order", "Application order (lower first)."),
+    Capability(C, "metrics", "metrics", "Names of the correction's metrics.", matrix=False),
     # ---------------------------------------------------------------- engines
     Capability(G, "devices", "devices", "Devices it runs on.", _dev, "choose another --device or engine"),
     Capability(G, "returns_log_probs", "logp", "Returns per-token log-probs of sampled tokens."),

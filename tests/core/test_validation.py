@@ -1,0 +1,122 @@
+"""Startup validation: capabilities (declared, undeclared, violated), batch arithmetic,
+every problem collected with component, distribution, capability and fix."""
+
+import pytest
+from relax_core_test_toys import BASE_CAPS, ToyParams, estimator, make_plugin
+
+from relax_core import CorrectionCapabilities, CorrectionSpec, EstimatorCapabilities
+from relax_core.capabilities import CAPABILITIES
+from relax_core.config import RunConfig
+from relax_core.specs import SPEC_TYPES
+from relax_core.validation import ValidationError, resolve, validate
+
+TOY = ("toy", make_plugin(estimator(caps=BASE_CAPS)), "relax-toy", "1.0")
+
+
+def _problems(reg, **cfg):
+    cfg.setdefault("advantage_estimator", "toy")
+    _, problems = resolve(RunConfig(plugin_params={"toy": ToyParams()}, **cfg), reg)
+    return problems
+
+
+def test_valid_default_run(registry_with):
+    assert _problems(registry_with(TOY)) == []
+    assert validate(RunConfig(advantage_estimator="toy"), registry_with(TOY)).context.estimator.name == "toy"
+
+
+def test_capability_violated_error_text_is_pinned(registry_with):
+    strict = ("strict", make_plugin(estimator(caps=EstimatorCapabilities(sync_only=True, policy_loss_kind="reinforce"))),
+              "relax-strict", "0.2.0")
+    [p] = _problems(registry_with(strict), launcher="ray", fully_async=True, max_staleness=1)[:1]
+    assert str(p) == (
+        "estimator 'toy' (relax-strict 0.2.0) [sync_only]: toy is sync-only (on-policy updates only), but "
+        "--fully-async is set; --max-staleness 1 lets it train on stale rollouts\n"
+        "    fix: run synchronously: --max-staleness 0, no --fully-async, --num-steps-per-rollout 1, and "
+        "--global-batch-size = --rollout-batch-size × --n-samples-per-prompt; or pick an estimator with "
+        "importance-ratio correction (grpo, m2po)")
+
+
+def test_undeclared_capability_is_refused(registry_with):
+    """A spec that declares nothing gets the conservative defaults: no CP, no async."""
+    bare = ("bare", make_plugin(estimator()), "relax-bare", "0.0.1")
+    problems = _problems(registry_with(bare), context_parallel_size=2, launcher="ray", fully_async=True)
+    by_cap = {p.constraint: p for p in problems if p.component.startswith("estimator")}
+    assert by_cap["supports_context_parallel"].message == (
+        "toy does not support context parallelism, but --context-parallel-size is 2")
+    assert by_cap["supports_fully_async"].message == "toy does not support --fully-async"
+    assert "sync_only" in by_cap
+    assert all(p.component == "estimator 'toy' (relax-bare 0.0.1)" for p in by_cap.values()
+               if p.constraint in ("supports_context_parallel", "supports_fully_async", "sync_only"))
+
+
+def test_undeclared_policy_loss_kind_refuses_corrections(registry_with):
+    corr = CorrectionSpec(name="tis", summary="toy", source="tests", factory="x:y",
+                          capabilities=CorrectionCapabilities(compatible_policy_loss_kinds=frozenset({"ppo_clip"})))
+    reg = registry_with(("bare", make_plugin(estimator())), ("tis", make_plugin(corr), "relax-tis", "1.0"))
+    [p] = [p for p in _problems(reg, correction=("tis",)) if p.constraint == "compatible_policy_loss_kinds"]
+    assert p.message == "tis is not valid with estimator 'toy' whose policy loss is 'undeclared' (needs ppo_clip)"
+    assert p.component == "correction 'tis' (relax-tis 1.0)"
+
+
+def test_sync_only_estimator_refused_in_async_mode(registry_with):
+    reg = registry_with(("bare", make_plugin(estimator())))
+    for cfg in ({"launcher": "ray", "fully_async": True, "max_staleness": 1}, {"num_steps_per_rollout": 2}):
+        assert "sync_only" in {p.constraint for p in _problems(reg, **cfg)}, cfg
+    assert "sync_only" not in {p.constraint for p in _problems(registry_with(TOY), launcher="ray", fully_async=True,
+                                                                max_staleness=1)}
+
+
+def test_min_group_size_and_reward_side_kl(registry_with):
+    problems = _problems(registry_with(TOY), n_samples_per_prompt=1, rollout_batch_size=32, kl_coef=0.1)
+    msgs = {p.constraint: p.message for p in problems}
+    assert msgs["min_group_size"] == ("toy needs --n-samples-per-prompt >= 2 (got 1): its reward stage is "
+                                      "undefined for a smaller group")
+    assert msgs["uses_reward_side_kl"] == "toy ignores reward-side KL, so --kl-coef 0.1 would be a silent no-op"
+
+
+@pytest.mark.parametrize("cfg,messages", [
+    ({"num_steps_per_rollout": 3},
+     ["rollout_batch_size × n_samples_per_prompt = 4×8 = 32 samples per rollout is not divisible by "
+      "--num-steps-per-rollout 3"]),
+    ({"global_batch_size": 16},
+     ["--global-batch-size 16 × --num-steps-per-rollout 1 = 16 != 32 samples per rollout "
+      "(rollout_batch_size × n_samples_per_prompt = 4×8)"]),
+    ({"global_batch_size": 16, "num_steps_per_rollout": 2}, []),
+    ({"launcher": "ray", "actor_num_gpus_per_node": 3},
+     ["--global-batch-size 32 is not divisible by the 3 data-parallel training workers"]),
+    ({"launcher": "ray", "actor_num_gpus_per_node": 2, "micro_batch_size": 3},
+     ["each training worker's share of the global batch (32 / 2 = 16 samples) is not divisible by "
+      "--micro-batch-size 3"]),
+    ({"launcher": "ray", "actor_num_gpus_per_node": 2, "micro_batch_size": 4}, []),
+])
+def test_batch_shape_arithmetic(registry_with, cfg, messages):
+    got = [p.message for p in _problems(registry_with(TOY), **cfg) if p.constraint == "batch shape"]
+    assert got == messages
+
+
+def test_every_problem_is_collected(registry_with):
+    reg = registry_with(("bare", make_plugin(estimator())))
+    with pytest.raises(ValidationError) as e:
+        validate(RunConfig(advantage_estimator="toy", eps_clip=-1.0, num_steps_per_rollout=3,
+                           context_parallel_size=2, rollout_engine="vllm",
+                           plugin_params={"toy": ToyParams(beta=7.0)}), reg)
+    constraints = [p.constraint for p in e.value.problems]
+    assert constraints.count("value range") == 2        # --eps-clip and --toy-beta
+    assert "batch shape" in constraints
+    assert "unknown component" in constraints           # engine 'vllm'
+    assert "supports_context_parallel" in constraints
+    assert "sync_only" in constraints                   # num_steps_per_rollout 3
+    for p in e.value.problems:
+        assert p.fix or p.constraint == "value range", p
+    assert str(e.value).count("\n    fix: ") == sum(1 for p in e.value.problems if p.fix)
+
+
+def test_capability_table_covers_every_declared_capability():
+    """Every capability field of every spec kind has one row in the table, and back."""
+    table = {(c.kind, c.field) for c in CAPABILITIES}
+    for kind, cls in SPEC_TYPES.items():
+        if cls.capabilities_type is None:
+            continue
+        fields = {f for f in cls.capabilities_type.__dataclass_fields__}
+        assert {(kind, f) for f in fields} <= table, kind
+    assert len(table) == len(CAPABILITIES)
