@@ -1,0 +1,1 @@
+"""PPO estimator plugin for Relax (critic + GAE)."""

@@ -1,0 +1,183 @@
+"""PPO: a critic, GAE advantages and returns, the PPO-clip actor loss, the clipped value loss.
+
+Sources: Schulman et al. 2017, "Proximal Policy Optimization Algorithms", eq. (7) (clipped
+surrogate); Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized
+Advantage Estimation", eq. (16) (GAE); the clipped value loss of OpenAI baselines' ``ppo2``
+(Relax upstream ``value_loss_function``, without a 0.5 factor).
+
+For a response with valid tokens t = 1..n (``loss_mask``), critic values V_t, the scalar
+reward R placed on the last valid token (r_n = R, other r_t = 0)::
+
+    δ_t = r_t + γ·V_{t+1} − V_t          (V_{n+1} = 0)
+    Â_t = δ_t + γλ·Â_{t+1}               (Â_{n+1} = 0)
+    R̂_t = Â_t + V_t                      (the critic's target, "returns")
+
+Masked positions inside a response (tool observations) are skipped: the recurrence runs over
+the valid tokens only, so a masked token carries no discount and its value is never read.
+
+Critic loss per token, c = ``--value-clip``::
+
+    v_clip = v_old + clamp(v − v_old, −c, c)
+    L_V    = max((v − R̂)², (v_clip − R̂)²)
+    value_clipfrac = 1[|v − v_old| > c]
+
+Glossary: γ ``gamma``, λ ``lambd``, V ``values``, Â ``advantages``, R̂ ``returns``,
+v ``values`` (critic being trained), v_old ``old_values``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from relax_core.contracts import (AdvantageInput, AdvantageOutput, CriticSettings, PolicyLossInput,
+                                  PolicyLossOutput, ValueLossInput)
+from relax_core.numerics import discounted_cumsum, masked_fill_zero
+from relax_core.policy import ppo_clip_loss
+
+
+def pack_valid(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """A permutation of each row that moves the valid tokens to the front, in order.
+
+    Args:
+        mask: bool ``[B, T]``.
+
+    Returns:
+        ``(dest, packed_valid)``: long ``[B, T]`` destination of each position (valid
+        tokens to 0..n−1, masked ones after them), and bool ``[B, T]`` ``j < n`` (the packed
+        positions that hold a valid token).  ``x.new_zeros(x.shape).scatter(1, dest, x)``
+        packs a row, ``packed.gather(1, dest)`` unpacks it.
+    """
+    mask = mask.bool()
+    t = mask.shape[-1]
+    pos = torch.arange(t, device=mask.device)
+    n_valid_upto = mask.long().cumsum(-1)  # [B, T] valid tokens at or before t
+    n = n_valid_upto[:, -1:] if t else n_valid_upto.sum(-1, keepdim=True)  # [B, 1]
+    dest = torch.where(mask, n_valid_upto - 1, n + pos - n_valid_upto)
+    return dest, pos < n
+
+
+def gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, gamma: float, lambd: float) -> tuple[Tensor, Tensor]:
+    """GAE advantages and returns with the scalar reward on the last valid token.
+
+    Vectorised: the valid tokens of each row are packed to the front (:func:`pack_valid`),
+    the recurrence Â_t = δ_t + γλÂ_{t+1} runs as a chunked scan
+    (:func:`relax_core.numerics.discounted_cumsum`) in float64, and the result is unpacked.
+
+    Args:
+        rewards: float ``[B]`` scalar reward of each response (must be finite on rows with
+            a valid token).
+        values: float ``[B, T]`` critic values V(s_t) (garbage at masked positions: never read).
+        loss_mask: bool ``[B, T]``.
+        gamma: discount γ in [0, 1].
+        lambd: GAE λ in [0, 1].
+
+    Returns:
+        ``(advantages, returns)``: float32 ``[B, T]``, 0 at masked positions.
+
+    Values (tests): mask [1, 1, 0, 0, 1], R = 1, V = 0, γ = 0.9, λ = 1 → Â on the valid
+    tokens [0.81, 0.9, 1.0]; mask [1, 1, 0], R = 1, V [0.5, 0.5, 5.0], γ = 1, λ = 0.95 →
+    Â [0.475, 0.5].
+    """
+    mask = loss_mask.bool()
+    dest, packed_valid = pack_valid(mask)  # [B, T]
+    f64 = torch.float64
+    v = masked_fill_zero(values.detach().to(f64), mask)
+    vp = torch.zeros_like(v).scatter(1, dest, v)  # [B, T] packed V, 0 past the last valid token
+    v_next = torch.nn.functional.pad(vp[:, 1:], (0, 1))  # V_{t+1}, 0 after the last valid token
+    n = packed_valid.sum(-1, keepdim=True)  # [B, 1]
+    last = torch.arange(mask.shape[-1], device=mask.device) == n - 1  # [B, T] packed last valid token
+    r = torch.where(last, rewards.detach().to(f64)[:, None], torch.zeros((), dtype=f64, device=v.device))
+    delta = masked_fill_zero(r + gamma * v_next - vp, packed_valid)  # [B, T]
+    adv_p = discounted_cumsum(delta, gamma * lambd)
+    adv = adv_p.gather(1, dest)
+    ret = (adv_p + vp).gather(1, dest)
+    return (masked_fill_zero(adv, mask).to(torch.float32), masked_fill_zero(ret, mask).to(torch.float32))
+
+
+def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, loss_mask: Tensor,
+                       value_clip: float) -> PolicyLossOutput:
+    """Clipped critic loss per token, max((v − R̂)², (v_clip − R̂)²), float32.
+
+    Args:
+        values: float ``[B, T]`` v (requires grad; float32 or bfloat16).
+        old_values: float ``[B, T]`` v_old (detached).
+        returns: float ``[B, T]`` R̂ (detached).
+        loss_mask: bool ``[B, T]``; garbage at masked positions reaches neither the loss nor
+            the gradient.
+        value_clip: c ≥ 0.
+
+    Returns:
+        :class:`PolicyLossOutput`: ``loss`` float32 ``[B, T]`` (0 at masked positions),
+        ``token_metrics['value_clipfrac']`` = 1[|v − v_old| > c] on valid tokens.
+        d L/d v = 2(v − R̂) where the unclipped term is the larger, else 0 when the clip binds.
+    """
+    mask = loss_mask.bool()
+    v = masked_fill_zero(values.to(torch.float32), mask)
+    v_old = masked_fill_zero(old_values.detach().to(torch.float32), mask)
+    ret = masked_fill_zero(returns.detach().to(torch.float32), mask)
+    v_clip = v_old + (v - v_old).clamp(-value_clip, value_clip)
+    loss = torch.maximum((v - ret).square(), (v_clip - ret).square())
+    clipfrac = ((v - v_old).abs() > value_clip) & mask
+    return PolicyLossOutput(loss=masked_fill_zero(loss, mask),
+                            token_metrics={"value_clipfrac": clipfrac.to(torch.float32).detach()})
+
+
+@dataclass(frozen=True)
+class PPO:
+    """The PPO estimator object (see the module docstring)."""
+
+    gamma: float
+    lambd: float
+    value_clip: float
+    eps_clip: float
+    eps_clip_high: float | None
+    eps_clip_c: float | None
+    critic_settings: CriticSettings
+
+    def compute_advantages(self, inp: AdvantageInput) -> AdvantageOutput:
+        """GAE from ``inp.values`` (required).  An unscored sample (NaN reward) gets
+        advantage 0 and returns equal to its values (no critic signal).
+
+        Raises:
+            ValueError: ``inp.values`` is None.
+        """
+        if inp.values is None:
+            raise ValueError("ppo needs the critic's values (AdvantageInput.values); "
+                             "the core must run the critic forward for estimators that declare needs_critic")
+        mask = inp.loss_mask.bool()
+        scored = torch.isfinite(inp.rewards)  # [B]
+        rewards = torch.where(scored, inp.rewards, torch.zeros_like(inp.rewards))
+        adv, ret = gae(rewards, inp.values, mask, self.gamma, self.lambd)
+        v = masked_fill_zero(inp.values.detach().to(torch.float32), mask)
+        keep = scored[:, None]
+        adv = torch.where(keep, adv, torch.zeros_like(adv))
+        ret = torch.where(keep, ret, v)
+        return AdvantageOutput(advantages=adv, returns=ret)
+
+    def policy_loss(self, inp: PolicyLossInput) -> PolicyLossOutput:
+        """Token-level PPO-clip (:func:`relax_core.policy.ppo_clip_loss`)."""
+        return ppo_clip_loss(inp.log_probs, inp.old_log_probs, inp.advantages, inp.loss_mask,
+                             self.eps_clip, self.eps_clip_high, self.eps_clip_c)
+
+    def value_loss(self, inp: ValueLossInput) -> PolicyLossOutput:
+        """The clipped critic loss (:func:`clipped_value_loss`)."""
+        return clipped_value_loss(inp.values, inp.old_values, inp.returns, inp.loss_mask, self.value_clip)
+
+
+def build(params: Any, config: Any) -> PPO:
+    """Factory of the ``ppo`` spec: ``params`` is a ``PPOParams``, ``config`` the
+    :class:`~relax_core.config.RunConfig` (``None``: the defaults)."""
+    from relax_core.config import RunConfig
+
+    cfg = config if config is not None else RunConfig()
+    return PPO(
+        gamma=params.gamma, lambd=params.lambd, value_clip=params.value_clip,
+        eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, eps_clip_c=cfg.eps_clip_c,
+        critic_settings=CriticSettings(
+            lr=params.critic_lr if params.critic_lr is not None else cfg.lr,
+            load=params.critic_load, num_critic_only_steps=params.num_critic_only_steps),
+    )
