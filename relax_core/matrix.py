@@ -52,7 +52,7 @@ def matrix_markdown(reg: Registry, kind: str | None = None) -> str:
              "`—` means not declared, hence not supported.", ""]
     for k in _kinds(kind):
         if k not in _TITLES:
-            names = ", ".join(f"`{n}`" for n in reg.components[k]) or "(none)"
+            names = ", ".join(f"`{n}`" for n in sorted(reg.components[k])) or "(none)"
             lines += [f"## {'Reward scorers' if k == 'reward' else 'Data sources'}", "", names, ""]
             continue
         caps_rows = [c for c in rows(k) if c.matrix]
