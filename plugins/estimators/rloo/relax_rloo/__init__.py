@@ -1,0 +1,1 @@
+"""RLOO estimator plugin for Relax."""
