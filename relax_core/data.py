@@ -1,0 +1,257 @@
+"""Training and evaluation data: loading, validation, prompt building, a resumable cursor.
+
+Sources (``--data`` / ``--eval-data``):
+
+- ``<scheme>:<spec>`` for a registered data source (e.g. ``rg:basic_arithmetic?size=500``
+  from the reasoning-gym reward plugin); its factory returns the rows.
+- ``gsm8k:<path>``: a GSM8K file (``question`` / ``answer … #### N``).
+- a file: ``.jsonl`` (parsed line by line so a bad line is named), ``.json`` or ``.parquet``
+  (read with ``datasets``).  Fields: ``--prompt-key``, ``--label-key``, ``--metadata-key``.
+  A file whose rows have ``question`` and ``answer`` but not the prompt/label keys is read
+  as GSM8K.
+
+Every row becomes ``{"prompt": str, "label": Any, "metadata": dict}``.  Problems are found
+here, before any model loads: a malformed row raises :class:`DataError` naming the file
+and line (or, with ``--skip-bad-rows``, is skipped and counted), and so do a label key that
+is absent from the data and an empty dataset.
+
+The :class:`DataCursor` walks the rows in a seeded shuffled order, epoch by epoch; its
+state (epoch, position) is saved in checkpoints, so a resumed run repeats no prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GSM8K_SCHEME = "gsm8k"
+
+
+class DataError(ValueError):
+    """A problem with the data given by the user (bad row, missing key, empty set)."""
+
+
+@dataclass
+class Dataset:
+    """Validated rows plus where they came from and how many were skipped."""
+
+    name: str
+    rows: list[dict]
+    skipped: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def gsm8k_label(answer: str) -> str:
+    """The final number of a GSM8K answer (``… #### 1,234`` → ``"1234"``).
+
+    Raises:
+        ValueError: no ``####`` marker in ``answer``.
+    """
+    if "####" not in answer:
+        raise ValueError("GSM8K answer has no '#### <number>' line")
+    return answer.rsplit("####", 1)[1].strip().replace(",", "")
+
+
+def _row_from_gsm8k(raw: dict) -> dict:
+    q, a = raw.get("question"), raw.get("answer")
+    if not isinstance(q, str) or not isinstance(a, str):
+        raise ValueError("GSM8K row needs string 'question' and 'answer'")
+    return {"prompt": q, "label": gsm8k_label(a), "metadata": {"source": "gsm8k", "scorer": "gsm8k"}}
+
+
+def _row_from_keys(raw: dict, prompt_key: str, label_key: str, metadata_key: str | None) -> dict:
+    if prompt_key not in raw:
+        raise ValueError(f"no prompt key '{prompt_key}' (keys: {', '.join(sorted(raw)) or 'none'}; set --prompt-key)")
+    if label_key not in raw:
+        raise ValueError(f"no label key '{label_key}' (keys: {', '.join(sorted(raw)) or 'none'}; set --label-key)")
+    prompt = raw[prompt_key]
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"prompt '{prompt_key}' must be a non-empty string, got {type(prompt).__name__}")
+    meta = raw.get(metadata_key) if metadata_key else None
+    if meta is None:
+        meta = {}
+    if isinstance(meta, str):
+        meta = json.loads(meta)
+    if not isinstance(meta, dict):
+        raise ValueError(f"metadata '{metadata_key}' must be an object, got {type(meta).__name__}")
+    return {"prompt": prompt, "label": raw[label_key], "metadata": meta}
+
+
+def _records(path: Path) -> list[tuple[str, Any]]:
+    """``(location, raw record)`` pairs of a file; a JSONL line that is not JSON is kept as
+    an ``Exception`` so the caller reports or skips it."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        out: list[tuple[str, Any]] = []
+        with path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append((f"{path}:{lineno}", json.loads(line)))
+                except json.JSONDecodeError as e:
+                    out.append((f"{path}:{lineno}", ValueError(f"invalid JSON: {e.msg} (column {e.colno})")))
+        return out
+    if suffix in (".json", ".parquet"):
+        import datasets
+
+        datasets.disable_progress_bars()
+        try:
+            if suffix == ".parquet":
+                ds = datasets.Dataset.from_parquet(str(path))
+            else:
+                ds = datasets.Dataset.from_json(str(path))
+        except Exception as e:  # datasets raises many types for a broken file
+            raise DataError(f"{path}: cannot read: {type(e).__name__}: {e}") from None
+        return [(f"{path}: row {i}", dict(r)) for i, r in enumerate(ds)]
+    raise DataError(f"{path}: unknown data format '{suffix}' (use .jsonl, .json or .parquet, or rg:<dataset>)")
+
+
+def _from_file(path: Path, cfg: Any, gsm8k: bool) -> Dataset:
+    if not path.is_file():
+        raise DataError(f"data file {path} not found")
+    records = _records(path)
+    first = next((r for _, r in records if isinstance(r, dict)), None)
+    if not gsm8k and first is not None and cfg.prompt_key not in first and cfg.label_key not in first \
+            and "question" in first and "answer" in first:
+        gsm8k = True  # auto-detected GSM8K format
+    ds = Dataset(name=path.stem, rows=[])
+    for where, raw in records:
+        try:
+            if isinstance(raw, Exception):
+                raise raw
+            if not isinstance(raw, dict):
+                raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
+            row = _row_from_gsm8k(raw) if gsm8k else _row_from_keys(raw, cfg.prompt_key, cfg.label_key, cfg.metadata_key)
+        except (ValueError, TypeError) as e:
+            msg = f"{where}: {e}"
+            if not cfg.skip_bad_rows:
+                raise DataError(msg + " (or pass --skip-bad-rows to skip such rows)") from None
+            ds.skipped += 1
+            ds.problems.append(msg)
+            continue
+        ds.rows.append(row)
+    return ds
+
+
+def load_dataset(source: str, cfg: Any, registry: Any = None) -> Dataset:
+    """Load and validate ``source`` (a ``--data`` value) into a :class:`Dataset`.
+
+    Args:
+        source: ``scheme:spec``, ``gsm8k:path`` or a file path.
+        cfg: the :class:`~relax_core.config.RunConfig` (keys, ``skip_bad_rows``).
+        registry: the plugin registry, for ``data_source`` schemes.
+
+    Raises:
+        DataError: unknown scheme, unreadable file, a bad row (unless skipped), or no rows.
+    """
+    scheme, sep, rest = source.partition(":")
+    sources = {}
+    if registry is not None:
+        sources = {r.spec.scheme: r for r in registry.components.get("data_source", {}).values()}
+    if sep and scheme == GSM8K_SCHEME:
+        ds = _from_file(Path(rest).expanduser(), cfg, gsm8k=True)
+    elif sep and scheme in sources:
+        reader = sources[scheme].spec.build(cfg.params_for(sources[scheme].spec.name), cfg)
+        try:
+            raw_rows = reader(rest, cfg)
+        except (ValueError, KeyError) as e:
+            raise DataError(f"--data {source}: {e}") from None
+        ds = Dataset(name=rest.split("?")[0] or scheme, rows=[])
+        for i, raw in enumerate(raw_rows):
+            try:
+                ds.rows.append(_row_from_keys(raw, "prompt", "label", "metadata"))
+            except (ValueError, TypeError) as e:
+                raise DataError(f"{source}: row {i}: {e}") from None
+    elif sep and len(scheme) > 1 and not Path(source).expanduser().exists():
+        known = ", ".join(sorted([*sources, GSM8K_SCHEME]))
+        raise DataError(f"--data {source}: unknown data source '{scheme}:' (known: {known}); "
+                        "is the plugin that provides it installed? (`relax plugins`)")
+    else:
+        ds = _from_file(Path(source).expanduser(), cfg, gsm8k=False)
+    if not ds.rows:
+        extra = f" ({ds.skipped} bad rows skipped; first: {ds.problems[0]})" if ds.skipped else ""
+        raise DataError(f"--data {source}: the dataset is empty{extra}")
+    return ds
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def prompt_messages(prompt: str, cfg: Any) -> list[dict]:
+    """Chat messages of one prompt: optional system prompt, then the user turn with the
+    configured ``--prompt-suffix`` appended."""
+    msgs = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+    return msgs + [{"role": "user", "content": prompt + cfg.prompt_suffix}]
+
+
+def prompt_text(prompt: str, tokenizer: Any, cfg: Any) -> str:
+    """The text fed to the model: the chat template with a generation prompt when
+    ``--apply-chat-template`` and the tokenizer has one; else system prompt + prompt +
+    suffix as plain text."""
+    msgs = prompt_messages(prompt, cfg)
+    if cfg.apply_chat_template and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    return "\n\n".join(m["content"] for m in msgs)
+
+
+def encode_prompts(prompts: list[str], tokenizer: Any, cfg: Any) -> tuple[list[str], list[list[int]]]:
+    """Prompt texts and their token ids (the template already holds special tokens)."""
+    texts = [prompt_text(p, tokenizer, cfg) for p in prompts]
+    templated = cfg.apply_chat_template and getattr(tokenizer, "chat_template", None)
+    ids = [tokenizer(t, add_special_tokens=not templated)["input_ids"] for t in texts]
+    return texts, ids
+
+
+# --------------------------------------------------------------------------- cursor
+
+
+@dataclass
+class DataCursor:
+    """A deterministic walk over ``n`` rows: a fresh seeded shuffle per epoch.
+
+    ``take(k)`` returns the next ``k`` dataset indices, wrapping into the next epoch (a
+    batch never holds the same index twice when ``k <= n``).  ``state()``/``load()`` save
+    and restore (epoch, position): indices handed out before a checkpoint are never handed
+    out again after resuming from it within the same epoch.
+    """
+
+    n: int
+    seed: int
+    epoch: int = 0
+    position: int = 0
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(self.n))
+        random.Random(f"relax-data:{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def take(self, k: int) -> list[int]:
+        out: list[int] = []
+        order = self._order(self.epoch)
+        while len(out) < k:
+            if self.position >= self.n:
+                self.epoch += 1
+                self.position = 0
+                order = self._order(self.epoch)
+            out.append(order[self.position])
+            self.position += 1
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"n": self.n, "seed": self.seed, "epoch": self.epoch, "position": self.position}
+
+    def load(self, state: dict[str, int]) -> None:
+        if state["n"] != self.n or state["seed"] != self.seed:
+            raise DataError(f"checkpoint data cursor is for {state['n']} rows / seed {state['seed']}, "
+                            f"but this run has {self.n} rows / seed {self.seed}: resume with the same --data and --seed")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])

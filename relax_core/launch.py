@@ -1,0 +1,166 @@
+"""``relax train``: check the data, build the run's components, run the loop.
+
+Order matters for the user: everything that can be checked without a model (data files,
+label keys, empty datasets, the reward scorer) is checked first, so a mistake costs
+seconds, not a model load.  Exit codes: 0 done, 2 bad input, 3 stopped after too many
+non-finite steps, 130 interrupted (checkpoint saved).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+EXIT_BAD_INPUT = 2
+
+
+def _error(msg: str) -> int:
+    print(f"relax: error: {msg}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def find_run_dir(cfg: Any) -> Path:
+    """The run directory: ``<output_dir>/<run_name>``; with ``--resume`` and no
+    ``--run-name``, the newest ``<estimator>-*`` run that has a checkpoint."""
+    out = Path(cfg.output_dir).expanduser()
+    if cfg.run_name:
+        return out / cfg.run_name
+    if cfg.resume:
+        runs = sorted((p for p in out.glob(f"{cfg.advantage_estimator}-*") if (p / "checkpoints" / "latest").is_file()),
+                      key=lambda p: p.stat().st_mtime)
+        if runs:
+            return runs[-1]
+    return out / f"{cfg.advantage_estimator}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def scorer_names(cfg: Any, rows: list[dict]) -> list[str]:
+    """The reward scorer of each row: ``--reward``, or with ``auto`` the row's
+    ``metadata['scorer']``.
+
+    Raises:
+        ValueError: ``auto`` and a row suggests no scorer.
+    """
+    if cfg.reward != "auto":
+        return [cfg.reward] * len(rows)
+    names = [r["metadata"].get("scorer") for r in rows]
+    if any(n is None for n in names):
+        raise ValueError("--reward auto: the data does not say which scorer to use (no 'scorer' in its metadata); "
+                         "pass --reward NAME (`relax plugins` lists the reward scorers)")
+    return names
+
+
+def make_score(cfg: Any, reg: Any) -> Any:
+    """``score(responses, labels, metadata) -> (rewards, metrics)`` over the run's
+    scorer(s), each run in a worker pool with timeouts (:mod:`relax_core.rewarding`)."""
+    from relax_core import rewarding
+
+    cache: dict[str, Any] = {}
+
+    def scorer(name: str) -> Any:
+        if name not in cache:
+            spec = reg.get("reward", name).spec
+            cache[name] = spec.build(cfg.params_for(name), cfg)
+        return cache[name]
+
+    def score(responses: list[str], labels: list[Any], metadata: list[dict]) -> tuple[list[Any], dict[str, float]]:
+        rows = [{"metadata": m} for m in metadata]
+        names = scorer_names(cfg, rows)
+        rewards: list[Any] = [None] * len(responses)
+        metrics: dict[str, float] = {}
+        for name in dict.fromkeys(names):
+            idx = [i for i, n in enumerate(names) if n == name]
+            out = rewarding.score_batch(scorer(name), [responses[i] for i in idx], [labels[i] for i in idx],
+                                        [metadata[i] for i in idx], timeout=cfg.reward_timeout,
+                                        num_workers=cfg.reward_num_workers)
+            for i, r in zip(idx, out):
+                rewards[i] = r
+        return rewards, metrics
+
+    return score
+
+
+def plugin_versions(reg: Any) -> dict[str, str]:
+    return {p.dist: p.version for p in reg.plugins}
+
+
+def launch(cfg: Any, resolved: Any, reg: Any) -> int:
+    """Run ``relax train`` with a validated config; returns the exit code."""
+    from relax_core.data import DataError, load_dataset
+
+    # ---- checks that need no model
+    try:
+        train_data = load_dataset(cfg.data, cfg, reg)
+        eval_data = load_dataset(cfg.eval_data, cfg, reg) if cfg.eval_data else None
+    except DataError as e:
+        return _error(str(e))
+    try:
+        for ds in (train_data, eval_data):
+            if ds is not None:
+                for name in dict.fromkeys(scorer_names(cfg, ds.rows)):
+                    reg.get("reward", name)
+    except Exception as e:  # ValueError (auto) or PluginError (unknown scorer)
+        return _error(str(e))
+    if cfg.launcher != "local":
+        return _error(f"--launcher {cfg.launcher} is not available in this build; use --launcher local")
+
+    import numpy as np
+    import torch
+
+    from relax_core.config import config_to_dict
+    from relax_core.metrics import git_commit
+    from relax_core.trainer import Components, Trainer
+
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed % 2**32)
+    torch.manual_seed(cfg.seed)
+
+    run_dir = find_run_dir(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_dict = config_to_dict(cfg)
+    (run_dir / "config.json").write_text(json.dumps(config_dict, indent=2, default=str))
+
+    # ---- components
+    ctx, specs = resolved.context, resolved.specs
+    build = lambda key, name: specs[key].build(cfg.params_for(name), cfg)  # noqa: E731
+    estimator = build("estimator", cfg.advantage_estimator)
+    corrections = [build(f"correction:{c.name}", c.name) for c in ctx.corrections]
+    processors = [build(f"reward_processor:{p.name}", p.name) for p in ctx.processors]
+    est_caps = ctx.estimator.caps
+    corr_caps = [c.caps for c in ctx.corrections]
+    top_k = max([int(getattr(c, "top_k", 0) or 0) for c in corrections] + [0])
+    if any(c.needs_top_k_log_probs for c in corr_caps) and top_k == 0:
+        return _error("a selected correction needs top-k log-probs but does not say how many (its object has no 'top_k')")
+    routed = any(c.needs_routed_experts for c in corr_caps)
+    critic_settings = getattr(estimator, "critic_settings", None) if est_caps.needs_critic else None
+
+    engine = build("engine", cfg.rollout_engine)
+    backend = build("backend", cfg.train_backend)
+    backend.setup(needs_ref=cfg.needs_reference_model, needs_critic=est_caps.needs_critic,
+                  needs_top_k=top_k > 0, routing_replay=routed, critic_settings=critic_settings)
+
+    comps = Components(
+        engine=engine, backend=backend, estimator=estimator, corrections=corrections, processors=processors,
+        score=make_score(cfg, reg), needs_critic=est_caps.needs_critic,
+        processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
+        top_k=top_k, routed_experts=routed,
+        num_critic_only_steps=critic_settings.num_critic_only_steps if critic_settings else 0)
+    trainer = Trainer(cfg, comps, train_data, eval_data, run_dir, est_caps.policy_loss_kind, config_dict)
+    info = {
+        "relax_core": __import__("relax_core").__version__, "plugins": plugin_versions(reg),
+        "git_commit": git_commit(Path(__file__).resolve().parent), "python": sys.version.split()[0],
+        "torch": torch.__version__, "old_log_probs": ["detach(current)", "recomputed", "rollout"][trainer.old_logp_source],
+        "train_data": {"name": train_data.name, "rows": len(train_data), "skipped_rows": train_data.skipped},
+        "eval_data": None if eval_data is None else {"name": eval_data.name, "rows": len(eval_data)},
+        "command": sys.argv,
+    }
+    (run_dir / "run_info.json").write_text(json.dumps(info, indent=2, default=str))
+    try:
+        return trainer.run()
+    finally:
+        shutdown = getattr(engine, "shutdown", None)
+        if shutdown:
+            shutdown()

@@ -1,0 +1,154 @@
+"""Metric sinks and the run directory.
+
+A run directory holds::
+
+    config.json        the resolved configuration (plugin parameters included)
+    run_info.json      relax-core and plugin versions, git commit, old-log-prob mode, data sizes
+    metrics.jsonl      one JSON object per step: {"step": N, "rollout/raw_reward": …, …}
+    samples.jsonl      a few rollouts per step: step, prompt, response, reward, label
+    checkpoints/       see :mod:`relax_core.checkpoint`
+    final/             the final model in Hugging Face format
+
+:class:`MetricsLogger` writes ``metrics.jsonl``, mirrors to Weights & Biases when
+``--wandb-project`` is set (``--wandb-mode offline`` needs no network; the API key comes
+only from the environment, never from the config), and shows a rich live progress line
+(or, with ``--quiet``, one plain log line per step).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+#: Metrics shown on the progress line / log line: (metric, label, format).
+DISPLAY = (
+    ("rollout/raw_reward", "reward", "{:.3f}"),
+    ("rollout/response_len/mean", "len", "{:.0f}"),
+    ("train/loss", "loss", "{:.4f}"),
+    ("train/pg_clipfrac", "clipfrac", "{:.3f}"),
+    ("train/ppo_kl", "ppo_kl", "{:.1e}"),
+    ("train/kl_loss", "kl", "{:.1e}"),
+    ("perf/rollout_time", "rollout s", "{:.1f}"),
+    ("perf/train_time", "train s", "{:.1f}"),
+    ("perf/rollout_tokens_per_s", "tok/s", "{:.0f}"),
+)
+
+
+def _clean(v: Any) -> Any:
+    """JSON-safe value: non-finite floats become strings ("nan", "inf")."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+def git_commit(path: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def format_line(step: int, total: int, metrics: dict[str, float]) -> str:
+    parts = [f"step {step}/{total}"]
+    for key, label, fmt in DISPLAY:
+        if key in metrics and isinstance(metrics[key], (int, float)):
+            parts.append(f"{label} {fmt.format(metrics[key])}")
+    if metrics.get("train/skipped_steps"):
+        parts.append(f"skipped {int(metrics['train/skipped_steps'])}")
+    return " | ".join(parts)
+
+
+class MetricsLogger:
+    """Writes each step's metrics to ``metrics.jsonl``, W&B and the terminal.
+
+    Args:
+        run_dir: the run directory.
+        cfg: the run config (``quiet``, ``wandb_project``, ``wandb_mode``, ``num_rollout``).
+        config_dict: the resolved config, sent to W&B as its config.
+        start_step: first step of this process (resume: steps before it are kept).
+    """
+
+    def __init__(self, run_dir: Path, cfg: Any, config_dict: dict, start_step: int = 0) -> None:
+        self.run_dir = Path(run_dir)
+        self.cfg = cfg
+        self.total = cfg.num_rollout
+        self.start_step = start_step
+        self.t0 = time.monotonic()
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.samples_path = self.run_dir / "samples.jsonl"
+        self._wandb = None
+        if cfg.wandb_project and cfg.wandb_mode != "disabled":
+            import wandb
+
+            self._wandb = wandb.init(project=cfg.wandb_project, name=self.run_dir.name, mode=cfg.wandb_mode,
+                                     dir=str(self.run_dir), config=config_dict, resume="allow",
+                                     id=self.run_dir.name.replace("/", "_"))
+        self._progress = None
+        if not cfg.quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(TextColumn("[bold]relax"), BarColumn(), MofNCompleteColumn(),
+                                      TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                                      transient=False)
+            self._task = self._progress.add_task("train", total=self.total, completed=start_step, info="starting…")
+            self._progress.start()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Record the metrics of ``step`` (1-based)."""
+        record = {"step": step, **{k: _clean(v) for k, v in sorted(metrics.items())}}
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+        line = format_line(step, self.total, metrics)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, info=line.split(" | ", 1)[-1])
+        else:
+            print(f"[relax] {line}", flush=True)
+
+    def log_samples(self, step: int, samples: list[dict]) -> None:
+        with self.samples_path.open("a") as fh:
+            for s in samples:
+                fh.write(json.dumps({"step": step, **{k: _clean(v) for k, v in s.items()}}, default=str) + "\n")
+
+    def message(self, text: str) -> None:
+        """A line for the user (above the live display, or plain)."""
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False, highlight=False)
+        else:
+            print(f"[relax] {text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records of ``<run_dir>/metrics.jsonl`` (last record per step wins)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (is {run_dir} a relax run directory?)")
+    by_step: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            by_step[int(rec["step"])] = rec
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def rewrite_metrics(run_dir: Path, records: list[dict]) -> None:
+    """Replace ``metrics.jsonl`` by ``records`` (resume: drop steps after the checkpoint)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.replace(path)

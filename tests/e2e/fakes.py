@@ -1,0 +1,176 @@
+"""Small stand-ins for an engine, a backend and a scorer, for testing the loop alone.
+
+The policy is a bigram model over a 16-token vocabulary (``logits = W[last token]``); the
+engine samples from it with a seeded generator and returns the exact log-probs of the
+sampled tokens, the backend trains the same parameters with AdamW.  Token 0 is EOS; a
+response is the digits of its token ids ("3 7 7"), and :func:`count_sevens` rewards the
+fraction of 7s, which the policy can learn in a few steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from relax_core.contracts import ForwardOutput, GenerationOutput, SamplingParams, TrainBatch
+
+V = 16
+EOS = 0
+
+
+class FakeTokenizer:
+    chat_template = None
+    pad_token_id = EOS
+    eos_token_id = EOS
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": [1 + (ord(ch) % (V - 1)) for ch in text[-8:]]}
+
+    def save_pretrained(self, path: str) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "fake_tokenizer.json").write_text(json.dumps({"vocab": V}))
+
+
+class Bigram(nn.Module):
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.w = nn.Parameter(torch.randn(V, V, generator=g) * 0.1)
+        self.value_head = nn.Parameter(torch.zeros(V))
+
+    def logits(self, prev: torch.Tensor) -> torch.Tensor:
+        return self.w[prev]  # [..., V]
+
+
+def _prev_tokens(prompt_ids: list[list[int]], response_ids: torch.Tensor) -> torch.Tensor:
+    last = torch.as_tensor([p[-1] for p in prompt_ids])
+    return torch.cat([last[:, None], response_ids[:, :-1]], dim=1)  # [B, T]
+
+
+class FakeEngine:
+    def __init__(self, model: Bigram) -> None:
+        self.model = Bigram()
+        self.model.load_state_dict(model.state_dict())
+        self.tokenizer = FakeTokenizer()
+        self.versions: list[int] = []
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> GenerationOutput:
+        g = torch.Generator().manual_seed(sampling.seed or 0)
+        b, t = len(prompt_ids), sampling.max_new_tokens
+        prev = torch.as_tensor([p[-1] for p in prompt_ids])
+        ids = torch.full((b, t), EOS, dtype=torch.long)
+        lp = torch.zeros(b, t)
+        done = torch.zeros(b, dtype=torch.bool)
+        lengths = torch.zeros(b, dtype=torch.long)
+        for i in range(t):
+            logp = torch.log_softmax(self.model.logits(prev) / max(sampling.temperature, 1e-6), -1)
+            tok = torch.multinomial(logp.exp(), 1, generator=g).squeeze(1)
+            ids[:, i] = torch.where(done, EOS, tok)
+            lp[:, i] = logp.gather(1, tok[:, None]).squeeze(1)
+            lengths += (~done).long()
+            done |= tok == EOS
+            prev = tok
+        texts = [" ".join(str(int(x)) for x in row[:n]) for row, n in zip(ids, lengths)]
+        return GenerationOutput(response_ids=ids, response_lengths=lengths, log_probs=lp, truncated=~done, texts=texts)
+
+    def update_weights(self, state_dict: Any, version: int) -> None:
+        self.model.load_state_dict(state_dict)
+        self.versions.append(version)
+
+    def shutdown(self) -> None:
+        pass
+
+
+class FakeBackend:
+    """Trains a :class:`Bigram`; ``nan_steps`` makes those optimizer steps' loss NaN."""
+
+    def __init__(self, model: Bigram, lr: float = 0.5, micro_batch_size: int = 2, nan_steps: tuple[int, ...] = ()) -> None:
+        self.model = model
+        self.ref = Bigram()
+        self.ref.load_state_dict(model.state_dict())
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        self.mbs = micro_batch_size
+        self.nan_steps = set(nan_steps)
+        self.calls = 0
+
+    def setup(self, **kw: Any) -> None:
+        self.setup_args = kw
+
+    def _forward(self, model: Bigram, batch: TrainBatch) -> ForwardOutput:
+        prev = _prev_tokens(batch.prompt_ids, batch.response_ids)
+        logp = torch.log_softmax(model.logits(prev), -1)  # [B, T, V]
+        lp = logp.gather(-1, batch.response_ids[..., None]).squeeze(-1)
+        ent = -(logp.exp() * logp).sum(-1)
+        return ForwardOutput(log_probs=lp, entropy=ent, values=model.value_head[prev])
+
+    def forward(self, batch: TrainBatch, *, role: str = "actor", entropy: bool = False, top_k: bool = False) -> ForwardOutput:
+        with torch.no_grad():
+            return self._forward(self.ref if role == "ref" else self.model, batch)
+
+    def train_step(self, batch: TrainBatch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]:
+        self.calls += 1
+        self.opt.zero_grad()
+        total = 0.0
+        for lo in range(0, batch.size, self.mbs):
+            mb = TrainBatch(prompt_ids=batch.prompt_ids[lo:lo + self.mbs], response_ids=batch.response_ids[lo:lo + self.mbs],
+                            loss_mask=batch.loss_mask[lo:lo + self.mbs],
+                            tensors={k: v[lo:lo + self.mbs] for k, v in batch.tensors.items()})
+            loss, _ = loss_fn(mb, self._forward(self.model, mb))
+            if self.calls in self.nan_steps:
+                loss = loss * math.nan
+            loss.backward()
+            total += float(loss.detach())
+        gn = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0))
+        skipped = not (math.isfinite(total) and math.isfinite(gn))
+        if not skipped:
+            self.opt.step()
+        return {"grad_norm": gn, "skipped": float(skipped)}
+
+    def engine_state_dict(self) -> Any:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def save_checkpoint(self, path: str) -> None:
+        from safetensors.torch import save_file
+
+        Path(path).mkdir(parents=True)
+        save_file({k: v.contiguous() for k, v in self.model.state_dict().items()}, f"{path}/model.safetensors")
+        torch.save(self.opt.state_dict(), f"{path}/optim.pt")
+
+    def load_checkpoint(self, path: str) -> None:
+        from safetensors.torch import load_file
+
+        self.model.load_state_dict(load_file(f"{path}/model.safetensors"))
+        self.opt.load_state_dict(torch.load(f"{path}/optim.pt", weights_only=True))
+
+    def save_hf(self, path: str) -> None:
+        from safetensors.torch import save_file
+
+        Path(path).mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.model.state_dict().items()}, f"{path}/model.safetensors")
+
+
+def count_sevens(responses: list[str], labels: list[Any], metadata: list[dict]) -> tuple[list[float | None], dict]:
+    out: list[float | None] = []
+    for r in responses:
+        toks = r.split()
+        out.append(sum(t == "7" for t in toks) / len(toks) if toks else 0.0)
+    return out, {}
+
+
+@dataclass
+class Fakes:
+    model: Bigram
+    engine: FakeEngine
+    backend: FakeBackend
+
+
+def make_fakes(seed: int = 0, **backend_kw: Any) -> Fakes:
+    model = Bigram(seed)
+    return Fakes(model, FakeEngine(model), FakeBackend(model, **backend_kw))

@@ -1,0 +1,154 @@
+"""The loop alone, with a fake engine/backend (a bigram policy) and the real GRPO estimator:
+stage wiring, global-batch metrics, learning, exact resume, non-finite skips, debug replay."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fakes import count_sevens, make_fakes  # noqa: E402
+
+from relax_core.config import RunConfig  # noqa: E402
+from relax_core.data import load_dataset  # noqa: E402
+from relax_core.metrics import read_metrics  # noqa: E402
+from relax_core.trainer import EXIT_OK, EXIT_SKIPPED, OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, Components, Trainer  # noqa: E402
+
+grpo = pytest.importorskip("relax_grpo.grpo")
+GRPOParams = pytest.importorskip("relax_grpo.plugin").GRPOParams
+
+
+def _data(tmp: Path, n: int = 6) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    p = tmp / "train.jsonl"
+    p.write_text("".join(json.dumps({"prompt": f"q{i}" * (i + 1), "label": i}) + "\n" for i in range(n)))
+    return p
+
+
+def make_trainer(tmp: Path, fakes=None, **over) -> tuple[Trainer, object]:
+    kw = dict(data=str(_data(tmp)), output_dir=str(tmp / "runs"), run_name="r", num_rollout=3, rollout_batch_size=2,
+              n_samples_per_prompt=4, rollout_max_response_len=6, quiet=True, seed=7, lr=0.5)
+    kw.update(over)
+    cfg = RunConfig(**kw)
+    fakes = fakes or make_fakes(seed=0)
+    est = grpo.build(GRPOParams(), cfg)
+    comps = Components(engine=fakes.engine, backend=fakes.backend, estimator=est, corrections=[], processors=[],
+                       score=count_sevens)
+    run_dir = tmp / "runs" / "r"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return Trainer(cfg, comps, load_dataset(cfg.data, cfg), None, run_dir, "ppo_clip", {}), fakes
+
+
+def test_one_run_writes_metrics_samples_checkpoint_and_final_model(tmp_path):
+    tr, f = make_trainer(tmp_path)
+    assert tr.run() == EXIT_OK
+    recs = read_metrics(tmp_path / "runs" / "r")
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    for key in ("rollout/raw_reward", "rollout/response_len/mean", "rollout/truncated_ratio", "rollout/zero_std_group_frac",
+                "rollout/reward_errors", "train/loss", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl",
+                "train/entropy", "train/grad_norm", "train/skipped_steps", "perf/step_time", "perf/rollout_time",
+                "perf/train_time", "perf/rollout_tokens_per_s", "train/old_logp_source"):
+        assert key in recs[0], key
+    # one update per rollout, no KL before the update: old = detach(current), so ratio = 1
+    assert recs[0]["train/old_logp_source"] == OLD_LOGP_CURRENT
+    assert recs[0]["train/ppo_kl"] == 0.0 and recs[0]["train/pg_clipfrac"] == 0.0
+    assert f.engine.versions == [1, 2, 3]  # weights pushed after every step
+    samples = (tmp_path / "runs" / "r" / "samples.jsonl").read_text().splitlines()
+    assert {json.loads(s)["step"] for s in samples} == {1, 2, 3}
+    assert (tmp_path / "runs" / "r" / "final" / "model.safetensors").is_file()
+    assert (tmp_path / "runs" / "r" / "checkpoints" / "latest").read_text() == "step_000003"
+
+
+def test_each_step_takes_fresh_prompts_until_the_epoch_ends(tmp_path, monkeypatch):
+    seen = []
+    tr, _ = make_trainer(tmp_path, num_rollout=3)
+    real = tr.generate
+
+    def spy(rows, indices, n, sampling, group_offset, version):
+        seen.append(list(indices))
+        return real(rows, indices, n, sampling, group_offset, version)
+
+    monkeypatch.setattr(tr, "generate", spy)
+    tr.run()
+    flat = [i for s in seen for i in s]
+    assert sorted(flat) == list(range(6))  # 3 steps × 2 prompts = one epoch of 6, no repeats
+
+
+def test_recomputed_old_log_probs_with_two_updates_per_rollout(tmp_path):
+    tr, _ = make_trainer(tmp_path, num_steps_per_rollout=2, num_rollout=2)
+    assert tr.old_logp_source == OLD_LOGP_RECOMPUTED
+    assert tr.run() == EXIT_OK
+    recs = read_metrics(tmp_path / "runs" / "r")
+    assert recs[0]["train/global_batch_size"] == 4.0
+    assert recs[-1]["train/ppo_kl"] != 0.0  # the second update sees moved weights
+
+
+def test_learns_to_emit_sevens(tmp_path):
+    tr, _ = make_trainer(tmp_path, num_rollout=24, rollout_batch_size=2, n_samples_per_prompt=8, save_hf=False)
+    assert tr.run() == EXIT_OK
+    r = [x["rollout/raw_reward"] for x in read_metrics(tmp_path / "runs" / "r")]
+    # chance is about 1/16 of tokens; the last quarter must clearly beat the first
+    assert sum(r[-6:]) / 6 > sum(r[:6]) / 6 + 0.15, r
+
+
+def _final_weights(f) -> dict:
+    return {k: v.clone() for k, v in f.model.state_dict().items()}
+
+
+def test_resume_equals_uninterrupted_run(tmp_path):
+    a, fa = make_trainer(tmp_path / "a", num_rollout=4)
+    assert a.run() == EXIT_OK
+    # interrupted after step 2 (checkpoint every step), then a fresh process resumes
+    b, _ = make_trainer(tmp_path / "b", num_rollout=2, save_interval=1)
+    assert b.run() == EXIT_OK
+    c, fc = make_trainer(tmp_path / "b", num_rollout=4, resume=True)
+    assert c.run() == EXIT_OK
+    ma, mc = read_metrics(tmp_path / "a" / "runs" / "r"), read_metrics(tmp_path / "b" / "runs" / "r")
+    assert [m["step"] for m in mc] == [1, 2, 3, 4]
+    for x, y in zip(ma, mc):
+        for k in ("rollout/raw_reward", "train/loss", "train/grad_norm", "rollout/response_len/mean"):
+            assert x[k] == pytest.approx(y[k], rel=1e-6, abs=1e-9), (x["step"], k)
+    wa, wc = _final_weights(fa), _final_weights(fc)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wc[k])
+
+
+def test_non_finite_steps_are_skipped_then_the_run_stops_with_a_checkpoint(tmp_path):
+    f = make_fakes(seed=0, nan_steps=(2, 3))
+    tr, _ = make_trainer(tmp_path, fakes=f, num_rollout=5, max_skipped_steps=2)
+    assert tr.run() == EXIT_SKIPPED
+    recs = read_metrics(tmp_path / "runs" / "r")
+    assert [r["train/skipped_steps"] for r in recs] == [0.0, 1.0, 1.0]
+    assert recs[1]["train/grad_norm"] == "nan"  # the offending metric is logged
+    assert (tmp_path / "runs" / "r" / "checkpoints" / "latest").read_text() == "step_000003"
+
+
+def test_training_continues_after_a_single_skipped_step_with_finite_weights(tmp_path):
+    f = make_fakes(seed=0, nan_steps=(2,))
+    tr, _ = make_trainer(tmp_path, fakes=f, num_rollout=3, max_skipped_steps=2)
+    assert tr.run() == EXIT_OK
+    recs = read_metrics(tmp_path / "runs" / "r")
+    assert [r["train/skipped_steps"] for r in recs] == [0.0, 1.0, 0.0]
+    assert recs[-1]["train/skipped_steps_total"] == 1.0
+    assert all(math.isfinite(v) for v in f.model.w.flatten().tolist())
+
+
+def test_debug_rollout_replay_reproduces_the_optimizer_steps(tmp_path):
+    store = tmp_path / "rollouts"
+    a, fa = make_trainer(tmp_path / "a", num_rollout=3, save_debug_rollout_data=str(store))
+    a.run()
+    assert len(list(store.glob("step_*.safetensors"))) == 3
+    b, fb = make_trainer(tmp_path / "b", num_rollout=3, load_debug_rollout_data=str(store))
+    b.run()
+    ma, mb = read_metrics(tmp_path / "a" / "runs" / "r"), read_metrics(tmp_path / "b" / "runs" / "r")
+    for x, y in zip(ma, mb):
+        assert x["train/loss"] == pytest.approx(y["train/loss"], rel=1e-6, abs=1e-9)
+        assert x["rollout/raw_reward"] == y["rollout/raw_reward"]
+    assert fb.engine.versions == []  # nothing generated, nothing pushed
+    torch.testing.assert_close(fa.model.w, fb.model.w)
