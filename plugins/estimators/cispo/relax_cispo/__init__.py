@@ -1,0 +1,1 @@
+"""CISPO estimator plugin for Relax."""
