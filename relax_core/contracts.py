@@ -232,6 +232,8 @@ class CorrectionInput:
             (full-vocabulary softmax), with grad.
         is_weight: optional callable ``ratio [..] -> weight [..]`` giving the IS rule of an
             importance-weight correction selected in the same run (for score centering).
+        response_ids: long ``[B, T]`` the sampled tokens, when the core passes them (score
+            centering checks that the heads and the sampled-token log-probs agree).
     """
 
     loss: Tensor
@@ -245,6 +247,7 @@ class CorrectionInput:
     top_k_log_probs: Tensor | None = None
     train_top_k_log_probs: Tensor | None = None
     is_weight: Any = None
+    response_ids: Tensor | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
