@@ -109,11 +109,16 @@ class AdvantageOutput:
         returns: float32 ``[B, T]`` returns (critic targets for PPO; else equal to the
             advantages' pre-normalisation signal or the advantages).
         metrics: scalar metrics (python floats), e.g. ``rollout/zero_std_group_frac``.
+        normalized: the advantages are already normalised over the global batch by the
+            estimator's own method (REINFORCE++'s global token normalisation over
+            ``AdvantageInput.process_group``); the core then does not normalise them again
+            under ``--normalize-advantages``.
     """
 
     advantages: Tensor
     returns: Tensor
     metrics: dict[str, float] = field(default_factory=dict)
+    normalized: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

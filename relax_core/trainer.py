@@ -325,7 +325,7 @@ class Trainer:
             ref_log_probs=ref, values=values, response_lengths=batch.response_lengths))
         adv = out.advantages.float()  # [B, T]
         metrics = dict(out.metrics)
-        if cfg.normalize_advantages:
+        if cfg.normalize_advantages and not out.normalized:  # REINFORCE++ normalises its own
             adv, stats = masked_normalize(adv, batch.loss_mask)
             metrics["rollout/advantage_raw_mean"] = stats["mean"]
         mask = batch.loss_mask
