@@ -1,0 +1,1 @@
+"""relax-hf: the default rollout engine (Hugging Face transformers, CPU or CUDA)."""

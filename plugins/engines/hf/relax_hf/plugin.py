@@ -1,0 +1,34 @@
+"""Hook implementations of relax-hf (registration only; nothing heavy imported)."""
+
+from dataclasses import dataclass
+
+from relax_core import EngineCapabilities, EngineSpec, hookimpl, param
+
+
+@dataclass(frozen=True)
+class HFEngineParams:
+    dtype: str = param("float32", "Weights and compute dtype of the rollout model.",
+                       flag="--hf-dtype", choices=("float32", "bfloat16", "float16"))
+    max_batch_size: int = param(64, "Most sequences decoded together (larger batches run in chunks).",
+                                flag="--hf-max-batch-size", ge=1)
+
+
+@hookimpl
+def relax_register_rollout_engines():
+    return [EngineSpec(
+        name="hf",
+        summary="Hugging Face transformers: batched KV-cache sampling with log-probs of the sampling distribution.",
+        source="transformers (Wolf et al. 2020); sampling warpers: Holtzman et al. 2020 (top-p), "
+               "Keskar et al. 2019 (repetition penalty)",
+        factory="relax_hf.engine:build",
+        params=HFEngineParams,
+        capabilities=EngineCapabilities(
+            devices=frozenset({"cpu", "cuda"}),
+            returns_log_probs=True,
+            returns_top_k_log_probs=True,
+            returns_routed_experts=True,
+            supports_weight_update=True,
+            supports_sampling_penalties=True,
+            supports_stop_strings=True,
+        ),
+    )]

