@@ -171,6 +171,24 @@ def plugins_show(name: str, kind: Optional[str] = typer.Option(None, help="Disam
                 typer.echo(f"    {f.name}: {format_value(getattr(caps, f.name))}")
 
 
+@plugins_app.command("new")
+def plugins_new(
+    name: str = typer.Argument(..., help="Component name, [a-z][a-z0-9_]* (package relax_<name>)."),
+    kind: str = typer.Option(..., "--kind", help="estimator, correction, reward, engine or backend."),
+    dest: Optional[str] = typer.Option(None, "--dir", help="Parent directory (default: current)."),
+    summary: Optional[str] = typer.Option(None, "--summary", help="One-line description."),
+) -> None:
+    """Scaffold an installable plugin package relax-NAME (spec, implementation, tests, README)."""
+    from relax_core.scaffold import write_plugin
+
+    try:
+        root = write_plugin(kind, name, dest, summary)
+    except (ValueError, FileExistsError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"wrote {root}\nnext: pip install -e {root} && pytest {root}/tests")
+
+
 # --------------------------------------------------------------------------- capabilities
 
 

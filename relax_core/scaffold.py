@@ -1,0 +1,458 @@
+"""``relax plugins new``: write a complete, installable plugin package.
+
+The package it writes installs with ``pip install -e DIR`` and passes its own tests
+unchanged: a ``pyproject.toml`` with the ``relax.plugins`` entry point, ``plugin.py`` with
+the spec and its capabilities, an implementation file with a docstring template for the
+equation and the source, tests that run the contract kit, and a README.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from string import Template
+
+KINDS = ("estimator", "correction", "reward", "engine", "backend")
+
+_PYPROJECT = Template('''\
+[build-system]
+requires = ["setuptools>=68"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "relax-$dash"
+version = "0.1.0"
+description = "$summary"
+readme = "README.md"
+requires-python = ">=3.11"
+dependencies = ["relax-core>=0.1"]
+
+[project.entry-points."relax.plugins"]
+$name = "relax_$name.plugin"
+
+[tool.setuptools.packages.find]
+include = ["relax_$name*"]
+
+[tool.pytest.ini_options]
+addopts = "-p no:cacheprovider --import-mode=importlib"
+''')
+
+_README = Template('''\
+# relax-$dash
+
+A Relax $kind plugin: $summary
+
+## Install and use
+
+    pip install -e .
+    relax plugins show $name
+    relax capabilities --kind $capkind
+$usage
+## Develop
+
+    pip install -e . pytest
+    pytest tests
+
+`relax_$name/plugin.py` registers the spec (name, summary, source, parameters,
+capabilities, factory); `relax_$name/$impl.py` holds the implementation.  Capabilities are
+declared, never inferred: what you do not declare is refused at startup.  The tests run the
+contract kit (`relax_contract` fixture), which picks its checks from those declarations.
+Publish with `python -m build` and `twine upload dist/*`.
+''')
+
+_USAGE = {
+    "estimator": "    relax train --advantage-estimator {name} --dry-run\n",
+    "correction": "    relax train --correction {name} --dry-run\n",
+    "reward": "    relax train --reward {name} --dry-run\n",
+    "engine": "    relax train --rollout-engine {name} --dry-run\n",
+    "backend": "    relax train --train-backend {name} --dry-run\n",
+}
+
+_PLUGIN = {
+    "estimator": Template('''\
+"""Hook implementations of relax-$dash (registration only: nothing heavy is imported)."""
+
+from dataclasses import dataclass
+
+from relax_core import EstimatorCapabilities, EstimatorSpec, hookimpl, param
+
+
+@dataclass(frozen=True)
+class Params:
+    baseline_scale: float = param(1.0, "Weight of the group-mean baseline subtracted from each reward.", ge=0.0, le=1.0)
+
+
+@hookimpl
+def relax_register_estimators():
+    return [EstimatorSpec(
+        name="$name",
+        summary="$summary",
+        source="TODO: paper title, section and equation number",
+        factory="relax_$name.$impl:build",
+        params=Params,
+        capabilities=EstimatorCapabilities(
+            sync_only=True,               # unclipped loss: on-policy updates only
+            supports_context_parallel=True,
+            min_group_size=2,
+            policy_loss_kind="reinforce",
+            allows_reward_post_processors=True,
+        ),
+    )]
+'''),
+    "correction": Template('''\
+"""Hook implementations of relax-$dash (registration only: nothing heavy is imported)."""
+
+from dataclasses import dataclass
+
+from relax_core import CorrectionCapabilities, CorrectionSpec, hookimpl, param
+
+
+@dataclass(frozen=True)
+class Params:
+    clip: float = param(2.0, "Upper bound of the importance weight.", flag="--$dash-clip", gt=0.0)
+
+
+@hookimpl
+def relax_register_corrections():
+    return [CorrectionSpec(
+        name="$name",
+        summary="$summary",
+        source="TODO: paper title, section and equation number",
+        factory="relax_$name.$impl:build",
+        params=Params,
+        capabilities=CorrectionCapabilities(
+            needs_rollout_log_probs=True,
+            compatible_policy_loss_kinds=frozenset({"ppo_clip", "reinforce"}),
+            conflicts_with_rollout_logprobs_as_old=True,
+        ),
+    )]
+'''),
+    "reward": Template('''\
+"""Hook implementations of relax-$dash (registration only: nothing heavy is imported)."""
+
+from relax_core import RewardScorerSpec, hookimpl
+
+
+@hookimpl
+def relax_register_reward_scorers():
+    return [RewardScorerSpec(
+        name="$name",
+        summary="$summary",
+        source="TODO: where the scoring rule comes from",
+        factory="relax_$name.$impl:build",
+    )]
+'''),
+    "engine": Template('''\
+"""Hook implementations of relax-$dash (registration only: nothing heavy is imported)."""
+
+from relax_core import EngineCapabilities, EngineSpec, hookimpl
+
+
+@hookimpl
+def relax_register_rollout_engines():
+    return [EngineSpec(
+        name="$name",
+        summary="$summary",
+        source="TODO: the inference library this wraps",
+        factory="relax_$name.$impl:build",
+        capabilities=EngineCapabilities(devices=frozenset({"cpu"}), returns_log_probs=True,
+                                        supports_weight_update=True),
+    )]
+'''),
+    "backend": Template('''\
+"""Hook implementations of relax-$dash (registration only: nothing heavy is imported)."""
+
+from relax_core import BackendCapabilities, BackendSpec, hookimpl
+
+
+@hookimpl
+def relax_register_train_backends():
+    return [BackendSpec(
+        name="$name",
+        summary="$summary",
+        source="TODO: the training library this wraps",
+        factory="relax_$name.$impl:build",
+        capabilities=BackendCapabilities(devices=frozenset({"cpu"})),
+    )]
+'''),
+}
+
+_IMPL = {
+    "estimator": Template('''\
+"""$summary
+
+Equation (TODO: replace with your method's, and cite it):
+
+    A_i = R_i − β · mean_{j ∈ g(i)} R_j                  (group-mean baseline)
+    L_t = −sg(A_i) · log π_θ(y_t | x, y_<t)              (REINFORCE, unclipped)
+
+Glossary: R = ``rewards`` [B] (NaN = unscored → advantage 0), g(i) = samples with the
+same ``group_index``, β = ``baseline_scale``, A = ``advantages`` [B, T], log π_θ =
+``log_probs`` [B, T].  Source: TODO (paper, section, equation).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relax_core.contracts import AdvantageInput, AdvantageOutput, PolicyLossInput, PolicyLossOutput
+from relax_core.numerics import broadcast_to_tokens, group_stats
+from relax_core.policy import reinforce_loss
+
+
+class Estimator:
+    def __init__(self, baseline_scale: float):
+        self.baseline_scale = baseline_scale
+
+    def compute_advantages(self, inp: AdvantageInput) -> AdvantageOutput:
+        r = inp.rewards.to(torch.float32)                                    # [B]
+        scored = torch.isfinite(r)                                           # [B]
+        mean = group_stats(r, inp.group_index, scored)["mean"]               # [B]
+        adv = torch.where(scored, r - self.baseline_scale * mean, torch.zeros_like(r))
+        tokens = broadcast_to_tokens(adv, inp.loss_mask)                     # [B, T]
+        return AdvantageOutput(advantages=tokens, returns=tokens.clone())
+
+    def policy_loss(self, inp: PolicyLossInput) -> PolicyLossOutput:
+        return reinforce_loss(inp.log_probs, inp.old_log_probs, inp.advantages, inp.loss_mask)
+
+
+def build(params, config) -> Estimator:
+    return Estimator(baseline_scale=params.baseline_scale)
+'''),
+    "correction": Template('''\
+"""$summary
+
+Equation (TODO: replace with your method's, and cite it):
+
+    w_t = sg(min(exp(log p_old − log q), C)),   L'_t = w_t · L_t
+
+Glossary: log p_old = ``old_log_probs``, log q = ``rollout_log_probs`` (engine),
+C = ``clip``, L = the estimator's per-token loss.  Source: TODO.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relax_core.contracts import CorrectionInput, CorrectionOutput
+
+
+class Correction:
+    def __init__(self, clip: float):
+        self.clip = clip
+
+    def apply(self, inp: CorrectionInput) -> CorrectionOutput:
+        mask = inp.loss_mask.bool()
+        log_ratio = torch.where(mask, inp.old_log_probs.float() - inp.rollout_log_probs.float(),
+                                torch.zeros((), dtype=torch.float32))       # [B, T]
+        w = torch.exp(log_ratio.clamp(-20, 20)).clamp(max=self.clip).detach()
+        w = torch.where(mask, w, torch.zeros_like(w))
+        return CorrectionOutput(loss=inp.loss * w, token_metrics={"$name": w})
+
+
+def build(params, config) -> Correction:
+    return Correction(clip=params.clip)
+'''),
+    "reward": Template('''\
+"""$summary
+
+Rule (TODO: replace): 1.0 when the last line of the response equals the label (stripped),
+0.0 otherwise; ``None`` when the label is missing (cannot be scored).
+"""
+
+from __future__ import annotations
+
+
+def score(response: str, label, metadata: dict) -> float | None:
+    if label is None:
+        return None
+    lines = [line.strip() for line in response.strip().splitlines() if line.strip()]
+    return 1.0 if lines and lines[-1] == str(label).strip() else 0.0
+
+
+def build(params, config):
+    return score
+'''),
+    "engine": Template('''\
+"""$summary
+
+TODO: wrap your inference library.  Implement the ``RolloutEngine`` protocol of
+``relax_core.contracts``: ``generate(prompt_ids, sampling) -> GenerationOutput`` with the
+per-token log-probs of the sampled tokens under the sampling distribution, and
+``update_weights(state_dict, version)``.
+"""
+
+from __future__ import annotations
+
+from relax_core.contracts import GenerationOutput, SamplingParams
+
+
+class Engine:
+    tokenizer = None
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> GenerationOutput:
+        raise NotImplementedError("TODO: generate with your inference library")
+
+    def update_weights(self, state_dict, version: int) -> None:
+        raise NotImplementedError("TODO: load new weights")
+
+    def shutdown(self) -> None:
+        pass
+
+
+def build(params, config) -> Engine:
+    return Engine()
+'''),
+    "backend": Template('''\
+"""$summary
+
+TODO: wrap your training library.  Implement the ``TrainBackend`` protocol of
+``relax_core.contracts`` (``forward``, ``train_step``, ``engine_state_dict``,
+``save_checkpoint``/``load_checkpoint``, ``save_hf``).
+"""
+
+from __future__ import annotations
+
+
+class Backend:
+    def forward(self, batch, *, role="actor", entropy=False, top_k=False):
+        raise NotImplementedError("TODO")
+
+    def train_step(self, batch, loss_fn, *, role="actor"):
+        raise NotImplementedError("TODO")
+
+
+def build(params, config) -> Backend:
+    return Backend()
+'''),
+}
+
+_TESTS_COMMON = Template('''\
+"""Tests of relax-$dash: the contract kit, plus values derived by hand."""
+
+import json
+import subprocess
+import sys
+
+$imports
+from relax_$name import plugin
+
+
+def _spec():
+    return plugin.$hook()[0]
+
+
+def test_contract(relax_contract):
+    relax_contract(_spec())
+
+
+def test_registered_through_the_entry_point():
+    out = subprocess.run([sys.executable, "-m", "cli.main", "plugins", "--json"], capture_output=True, text=True, check=True)
+    names = [c["name"] for p in json.loads(out.stdout)["plugins"] for c in p["components"]]
+    assert "$name" in names
+$extra''')
+
+_EXTRA = {
+    "estimator": '''
+
+def test_advantages_and_gradient_by_hand():
+    import torch
+    from relax_core.contracts import AdvantageInput, PolicyLossInput
+
+    est = _spec().build()
+    mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1]], dtype=torch.bool)
+    out = est.compute_advantages(AdvantageInput(
+        rewards=torch.tensor([1.0, 0.0, 0.0, float("nan")]), group_index=torch.tensor([0, 0, 1, 1]),
+        loss_mask=mask))
+    # group 0: mean 0.5 -> A = +0.5, -0.5; group 1: only one scorable sample (mean 0) -> 0, and NaN -> 0
+    torch.testing.assert_close(out.advantages[:, 0], torch.tensor([0.5, -0.5, 0.0, 0.0]))
+    assert out.advantages[1, 1] == 0  # masked position
+    logp = torch.full((4, 2), -1.0, requires_grad=True)
+    loss = est.policy_loss(PolicyLossInput(log_probs=logp, old_log_probs=logp.detach(),
+                                           advantages=out.advantages, loss_mask=mask)).loss
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, -out.advantages)  # d(-A log p)/d log p = -A
+''',
+    "correction": '''
+
+def test_weight_by_hand_and_no_gradient_through_it():
+    import math
+
+    import torch
+    from relax_core.contracts import CorrectionInput
+
+    corr = _spec().build()
+    mask = torch.tensor([[1, 1, 0]], dtype=torch.bool)
+    logp = torch.zeros(1, 3, requires_grad=True)
+    base = -logp
+    out = corr.apply(CorrectionInput(
+        loss=base, log_probs=logp, old_log_probs=torch.tensor([[0.0, 0.0, float("nan")]]),
+        rollout_log_probs=torch.tensor([[math.log(2.0), -5.0, 1e9]]), advantages=torch.ones(1, 3),
+        loss_mask=mask, policy_loss_kind="ppo_clip"))
+    # exp(0 - log 2) = 0.5; exp(0 + 5) = 148.4 clipped to 2.0; masked slot 0
+    torch.testing.assert_close(out.token_metrics["$name"], torch.tensor([[0.5, 2.0, 0.0]]))
+    out.loss.sum().backward()
+    torch.testing.assert_close(logp.grad, -torch.tensor([[0.5, 2.0, 0.0]]))
+''',
+    "reward": '''
+
+def test_scores():
+    score = _spec().build()
+    assert score("work...\\n42", 42, {}) == 1.0
+    assert score("work...\\n41", 42, {}) == 0.0
+    assert score("", 42, {}) == 0.0
+    assert score("42", None, {}) is None
+''',
+    "engine": "",
+    "backend": "",
+}
+
+_HOOKS = {"estimator": "relax_register_estimators", "correction": "relax_register_corrections",
+          "reward": "relax_register_reward_scorers", "engine": "relax_register_rollout_engines",
+          "backend": "relax_register_train_backends"}
+_IMPL_NAMES = {"estimator": "estimator", "correction": "correction", "reward": "scorer",
+               "engine": "engine", "backend": "backend"}
+_CAPKIND = {"reward": "reward"}
+
+
+def write_plugin(kind: str, name: str, dest: str | Path | None = None, summary: str | None = None) -> Path:
+    """Write the package ``relax-<name>`` for a component ``name`` of ``kind``.
+
+    Args:
+        kind: one of :data:`KINDS`.
+        name: component name, ``[a-z][a-z0-9_]*``.
+        dest: parent directory (default: the current directory).
+        summary: one-line description.
+
+    Returns:
+        The package directory.
+
+    Raises:
+        ValueError: bad kind or name.
+        FileExistsError: the directory exists and is not empty.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; one of {', '.join(KINDS)}")
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise ValueError(f"plugin name {name!r} must match [a-z][a-z0-9_]* (it is also the import package relax_<name>)")
+    dash = name.replace("_", "-")
+    root = Path(dest or ".") / f"relax-{dash}"
+    if root.exists() and any(root.iterdir()):
+        raise FileExistsError(f"{root} exists and is not empty")
+    summary = summary or f"TODO: one line saying what the {kind} '{name}' does."
+    impl = _IMPL_NAMES[kind]
+    subs = dict(name=name, dash=dash, kind=kind, summary=summary, impl=impl, hook=_HOOKS[kind],
+                capkind=_CAPKIND.get(kind, kind), usage=_USAGE[kind].format(name=name), imports="")
+    files = {
+        "pyproject.toml": _PYPROJECT.substitute(subs),
+        "README.md": _README.substitute(subs),
+        f"relax_{name}/__init__.py": f'"""relax-{dash}: {summary}"""\n',
+        f"relax_{name}/plugin.py": _PLUGIN[kind].substitute(subs),
+        f"relax_{name}/{impl}.py": _IMPL[kind].substitute(subs),
+        f"tests/test_{name}.py": _TESTS_COMMON.substitute(subs, extra=Template(_EXTRA[kind]).substitute(subs)),
+    }
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
