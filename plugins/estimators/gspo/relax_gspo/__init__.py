@@ -1,0 +1,1 @@
+"""GSPO estimator plugin for Relax."""
