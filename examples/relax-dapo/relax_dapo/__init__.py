@@ -1,0 +1,1 @@
+"""relax-dapo: DAPO's decoupled-clip, token-level policy objective for Relax."""
