@@ -37,48 +37,15 @@ def find_run_dir(cfg: Any) -> Path:
     return out / f"{cfg.advantage_estimator}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def scorer_names(cfg: Any, rows: list[dict]) -> list[str]:
-    """The reward scorer of each row: ``--reward``, or with ``auto`` the row's
-    ``metadata['scorer']``.
-
-    Raises:
-        ValueError: ``auto`` and a row suggests no scorer.
-    """
-    if cfg.reward != "auto":
-        return [cfg.reward] * len(rows)
-    names = [r["metadata"].get("scorer") for r in rows]
-    if any(n is None for n in names):
-        raise ValueError("--reward auto: the data does not say which scorer to use (no 'scorer' in its metadata); "
-                         "pass --reward NAME (`relax plugins` lists the reward scorers)")
-    return names
-
-
-def make_score(cfg: Any, reg: Any) -> Any:
-    """``score(responses, labels, metadata) -> (rewards, metrics)`` over the run's
-    scorer(s), each run in a worker pool with timeouts (:mod:`relax_core.rewarding`)."""
+def make_score(scorer: Any, cfg: Any) -> Any:
+    """``score(responses, labels, metadata) -> (rewards, metrics)`` over the run's scorer,
+    run in a worker pool with timeouts (:func:`relax_core.rewarding.score_batch`)."""
     from relax_core import rewarding
 
-    cache: dict[str, Any] = {}
-
-    def scorer(name: str) -> Any:
-        if name not in cache:
-            spec = reg.get("reward", name).spec
-            cache[name] = spec.build(cfg.params_for(name), cfg)
-        return cache[name]
-
     def score(responses: list[str], labels: list[Any], metadata: list[dict]) -> tuple[list[Any], dict[str, float]]:
-        rows = [{"metadata": m} for m in metadata]
-        names = scorer_names(cfg, rows)
-        rewards: list[Any] = [None] * len(responses)
-        metrics: dict[str, float] = {}
-        for name in dict.fromkeys(names):
-            idx = [i for i, n in enumerate(names) if n == name]
-            out = rewarding.score_batch(scorer(name), [responses[i] for i in idx], [labels[i] for i in idx],
-                                        [metadata[i] for i in idx], timeout=cfg.reward_timeout,
-                                        num_workers=cfg.reward_num_workers)
-            for i, r in zip(idx, out):
-                rewards[i] = r
-        return rewards, metrics
+        rewards, stats = rewarding.score_batch(scorer, responses, labels, metadata, timeout=cfg.reward_timeout,
+                                               num_workers=cfg.reward_num_workers)
+        return rewards, {f"rollout/{k}": float(v) for k, v in stats.items()}
 
     return score
 
@@ -97,12 +64,14 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
         eval_data = load_dataset(cfg.eval_data, cfg, reg) if cfg.eval_data else None
     except DataError as e:
         return _error(str(e))
+    from relax_core.rewarding import RewardSetupError, resolve_scorer
+
     try:
+        scorer = resolve_scorer(cfg, reg)
         for ds in (train_data, eval_data):
             if ds is not None:
-                for name in dict.fromkeys(scorer_names(cfg, ds.rows)):
-                    reg.get("reward", name)
-    except Exception as e:  # ValueError (auto) or PluginError (unknown scorer)
+                scorer.check([r["metadata"] for r in ds.rows])
+    except RewardSetupError as e:
         return _error(str(e))
     if cfg.launcher != "local":
         return _error(f"--launcher {cfg.launcher} is not available in this build; use --launcher local")
@@ -111,6 +80,7 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     import torch
 
     from relax_core.config import config_to_dict
+    from relax_core.rewarding import build_processors
     from relax_core.metrics import git_commit
     from relax_core.trainer import Components, Trainer
 
@@ -128,7 +98,7 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     build = lambda key, name: specs[key].build(cfg.params_for(name), cfg)  # noqa: E731
     estimator = build("estimator", cfg.advantage_estimator)
     corrections = [build(f"correction:{c.name}", c.name) for c in ctx.corrections]
-    processors = [build(f"reward_processor:{p.name}", p.name) for p in ctx.processors]
+    processors = build_processors(cfg, reg)
     est_caps = ctx.estimator.caps
     corr_caps = [c.caps for c in ctx.corrections]
     top_k = max([int(getattr(c, "top_k", 0) or 0) for c in corrections] + [0])
@@ -144,7 +114,7 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
 
     comps = Components(
         engine=engine, backend=backend, estimator=estimator, corrections=corrections, processors=processors,
-        score=make_score(cfg, reg), needs_critic=est_caps.needs_critic,
+        score=make_score(scorer, cfg), needs_critic=est_caps.needs_critic,
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
         top_k=top_k, routed_experts=routed,
         num_critic_only_steps=critic_settings.num_critic_only_steps if critic_settings else 0)

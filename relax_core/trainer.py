@@ -34,6 +34,7 @@ from relax_core.contracts import AdvantageInput, RewardBatch, RolloutBatch, Samp
 from relax_core.data import DataCursor, Dataset, encode_prompts
 from relax_core.loss import ActorLoss, CriticLoss, LossSettings, global_denominators
 from relax_core.metrics import MetricsLogger, rewrite_metrics
+from relax_core.rewarding import apply_processors
 from relax_core.numerics import ZERO_STD_TOL, group_stats, masked_normalize
 
 OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, OLD_LOGP_ROLLOUT = 0, 1, 2
@@ -229,7 +230,7 @@ class Trainer:
 
     def generate(self, rows: list[dict], indices: list[int], n: int, sampling: SamplingParams,
                  group_offset: int, version: int) -> RolloutBatch:
-        """Generate ``n`` samples for each prompt and score them (raw rewards, NaN = unscored)."""
+        """Generate ``n`` samples for each prompt (rewards NaN until :meth:`score`)."""
         texts, ids = self._prompts(indices) if rows is self.data.rows else encode_prompts(
             [rows[i]["prompt"] for i in indices], self.tokenizer, self.cfg)
         rep = [j for j in range(len(indices)) for _ in range(n)]
@@ -246,8 +247,12 @@ class Trainer:
             truncated=out.truncated.bool(), top_k_ids=out.top_k_ids, top_k_log_probs=out.top_k_log_probs,
             routed_experts=out.routed_experts, prompts=[texts[j] for j in rep], responses=list(out.texts),
             labels=[rows[indices[j]]["label"] for j in rep], metadata=[rows[indices[j]]["metadata"] for j in rep])
-        rewards, _ = self.c.score(batch.responses, batch.labels, batch.metadata)
-        return batch.replace(rewards=torch.tensor([math.nan if r is None else float(r) for r in rewards]))
+        return batch
+
+    def score(self, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
+        """Raw rewards from the scorer (NaN = unscored) and its error counts."""
+        rewards, metrics = self.c.score(batch.responses, batch.labels, batch.metadata)
+        return batch.replace(rewards=torch.tensor([math.nan if r is None else float(r) for r in rewards])), metrics
 
     # ------------------------------------------------------------------ 2. reward post-processing
 
@@ -256,8 +261,7 @@ class Trainer:
         rb = RewardBatch(rewards=batch.rewards.clone(), group_index=batch.group_index,
                          response_lengths=batch.response_lengths, truncated=batch.truncated,
                          responses=batch.responses, keep=torch.ones(batch.size, dtype=torch.bool))
-        for proc in self.c.processors:
-            rb = proc.process(rb)
+        rb = apply_processors(self.c.processors, rb)
         batch = batch.replace(rewards=rb.rewards.float())
         if not bool(rb.keep.all()):
             batch = select(batch, torch.nonzero(rb.keep).flatten().tolist())
@@ -270,7 +274,7 @@ class Trainer:
         rounds = 1 + (cfg.max_oversampling_rounds if self.c.processor_resamples else 0)
         kept: list[RolloutBatch] = []
         raw: list[torch.Tensor] = []
-        metrics: dict[str, float] = {"rollout/reward_errors": 0.0}
+        metrics: dict[str, float] = {"rollout/reward_errors": 0.0, "rollout/reward_timeouts": 0.0}
         n_groups, gen_tokens, t_gen = 0, 0, 0.0
         for r in range(rounds):
             t0 = time.monotonic()
@@ -283,7 +287,12 @@ class Trainer:
                                       group_offset=(step * rounds + r) * cfg.rollout_batch_size, version=step - 1)
             t_gen += time.monotonic() - t0
             gen_tokens += int(batch.response_lengths.sum())
-            metrics["rollout/reward_errors"] += float((~torch.isfinite(batch.rewards)).sum())
+            if not cfg.load_debug_rollout_data:
+                t0 = time.monotonic()
+                batch, score_metrics = self.score(batch)
+                metrics["perf/reward_time"] = metrics.get("perf/reward_time", 0.0) + time.monotonic() - t0
+                for k, v in score_metrics.items():
+                    metrics[k] = metrics.get(k, 0.0) + v
             if cfg.save_debug_rollout_data and r == 0:
                 save_rollout(Path(cfg.save_debug_rollout_data), step, batch)
             raw.append(batch.rewards)
@@ -423,7 +432,7 @@ class Trainer:
         n = self.cfg.n_samples_per_eval_prompt
         t0 = time.monotonic()
         batch = self.generate(ds.rows, idx, n, self.sampling(sampling_seed(self.cfg.seed, 0, 999)), 0, step)
-        r = batch.rewards
+        r = self.score(batch)[0].rewards
         name = f"eval/{ds.name}"
         return {f"{name}/reward_mean": float(torch.nan_to_num(r, nan=0.0).mean()),
                 f"{name}/pass@1": float((r >= CORRECT_REWARD).float().mean()),

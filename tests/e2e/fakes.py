@@ -161,7 +161,7 @@ def count_sevens(responses: list[str], labels: list[Any], metadata: list[dict]) 
     for r in responses:
         toks = r.split()
         out.append(sum(t == "7" for t in toks) / len(toks) if toks else 0.0)
-    return out, {}
+    return out, {"rollout/reward_errors": 0.0}
 
 
 @dataclass
