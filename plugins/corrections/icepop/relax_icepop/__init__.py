@@ -1,0 +1,1 @@
+"""ICE-POP correction plugin for Relax."""

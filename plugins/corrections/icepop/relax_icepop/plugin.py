@@ -1,0 +1,37 @@
+"""Hook implementations of relax-icepop (registration only; nothing heavy imported)."""
+
+from dataclasses import dataclass
+
+from relax_core import CorrectionCapabilities, CorrectionSpec, hookimpl, param
+
+KINDS = frozenset({"ppo_clip", "sequence_ppo_clip", "cispo", "soft_gate", "reinforce"})
+
+
+@dataclass(frozen=True)
+class IcePopParams:
+    clip_low: float = param(0.5, "Lower edge L of the kept band L <= ρ <= U (shared flag with tis, whose default is 0).",
+                            flag="--tis-clip-low", ge=0)
+    clip: float = param(2.0, "Upper edge U of the kept band L <= ρ <= U (shared flag with tis).",
+                        flag="--tis-clip", gt=0)
+
+
+@hookimpl
+def relax_register_corrections():
+    return [CorrectionSpec(
+        name="icepop",
+        summary="ICE-POP: per-token loss × sg(ρ·1[L ≤ ρ ≤ U]); tokens outside the band are dropped, not renormalised.",
+        source="Ling Team 2025, Every Step Evolves (arXiv:2510.18855), IcePop; spec: ICE-POP section",
+        factory="relax_icepop.icepop:build",
+        params=IcePopParams,
+        capabilities=CorrectionCapabilities(
+            needs_rollout_log_probs=True,
+            compatible_policy_loss_kinds=KINDS,
+            conflicts_with_rollout_logprobs_as_old=True,
+            conflicts_with=frozenset({"tis"}),
+            order=10,
+            supports_context_parallel=True,
+            supports_fully_async=True,
+            metrics=("train/tis", "train/tis_clipfrac", "train/tis_abs", "train/ois",
+                     "train/train_rollout_logprob_abs_diff"),
+        ),
+    )]

@@ -1,0 +1,1 @@
+"""MoE routing replay (R3) correction plugin for Relax."""

@@ -1,0 +1,1 @@
+"""Score-centering correction plugin for Relax."""

@@ -1,0 +1,1 @@
+"""TIS correction plugin for Relax."""
