@@ -1,0 +1,1 @@
+"""reasoning-gym for Relax: the ``rg:`` data source and the ``reasoning_gym`` scorer."""

@@ -1,0 +1,177 @@
+"""The ``rg:`` data source and the ``reasoning_gym`` scorer.
+
+Data: ``rg:<dataset>[?size=N&seed=S&<key>=<value>...]`` generates ``size`` problems of the
+reasoning-gym dataset offline (default size: the dataset's own; default seed: ``--seed``).
+Other keys are the dataset's config fields, converted to the field's type: integers,
+floats, booleans (``true``/``false``), strings, and lists as comma-separated values
+(``operators=+,-``).  Values are percent-decoded but ``+`` stays a plus sign (it is an
+operator here, not a space).  Each row is::
+
+    {"prompt": question, "label": answer,
+     "metadata": {"scorer": "reasoning_gym", "rg_dataset": name, "rg_entry": entry}}
+
+where ``entry`` is reasoning-gym's ``{"question", "answer", "metadata"}`` item (JSON-safe),
+which its ``score_answer(answer, entry)`` needs.
+
+Scorer: extracts the model's final answer (the last ``\\boxed{}``, else the last
+``<answer>...</answer>``, else, when the expected answer is a number, the last number in the
+response, otherwise its last non-empty line: small models ramble and rarely box), then
+returns the dataset's own ``score_answer`` (in [0, 1]; some tasks give partial credit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from typing import Any
+from urllib.parse import unquote
+
+from relax_core.answers import answer_tag, last_boxed, last_number, parse_number
+
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _datasets() -> dict:
+    from reasoning_gym.factory import DATASETS
+
+    return DATASETS
+
+
+def _coerce(raw: str, tp: Any, key: str) -> Any:
+    """Convert one query-string value to the config field type ``tp``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if raw.lower() == "none" and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(raw, inner[0], key) if len(inner) == 1 else raw
+    if origin in (list, tuple, typing.Sequence) or tp in (list, tuple):
+        item = args[0] if args else str
+        return tuple(_coerce(v, item, key) for v in raw.split(",") if v != "")
+    if origin is typing.Literal:
+        if raw not in [str(a) for a in args]:
+            raise ValueError(f"{key}={raw}: must be one of {', '.join(map(str, args))}")
+        return next(a for a in args if str(a) == raw)
+    if tp is bool:
+        if raw.lower() not in _TRUE + _FALSE:
+            raise ValueError(f"{key}={raw}: expected true or false")
+        return raw.lower() in _TRUE
+    if tp in (int, float):
+        try:
+            return tp(raw)
+        except ValueError:
+            raise ValueError(f"{key}={raw}: expected {'an integer' if tp is int else 'a number'}") from None
+    if tp is str:
+        return raw
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def parse_spec(spec: str, default_seed: int) -> tuple[str, dict[str, Any]]:
+    """``"basic_arithmetic?size=20&operators=+"`` → ``("basic_arithmetic", {"size": 20,
+    "seed": default_seed, "operators": ("+",)})``.
+
+    Raises:
+        ValueError: unknown dataset (with the closest names), unknown config key (with the
+            valid keys), or a value of the wrong type.
+    """
+    name, _, query = spec.partition("?")
+    datasets = _datasets()
+    if name not in datasets:
+        close = difflib.get_close_matches(name, list(datasets), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ValueError(f"unknown reasoning-gym dataset '{name}'{hint}")
+    config_cls = datasets[name][1]
+    hints = typing.get_type_hints(config_cls)
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    kwargs: dict[str, Any] = {"seed": default_seed}
+    for part in filter(None, query.split("&")):
+        key, eq, raw = part.partition("=")
+        key = unquote(key)
+        if not eq:
+            raise ValueError(f"'{part}': expected key=value")
+        if key not in fields:
+            raise ValueError(f"'{key}' is not a config key of {name} (valid: {', '.join(sorted(fields))})")
+        kwargs[key] = _coerce(unquote(raw), hints.get(key, str), key)
+    return name, kwargs
+
+
+def _json_safe(entry: dict) -> dict:
+    return json.loads(json.dumps(entry, default=str))
+
+
+def load_rows(spec: str, config: Any = None) -> list[dict]:
+    """Rows of ``rg:<spec>`` (``spec`` without the ``rg:`` prefix); see the module docstring.
+
+    Raises:
+        ValueError: a bad spec, or a configuration reasoning-gym refuses.
+    """
+    import reasoning_gym
+
+    name, kwargs = parse_spec(spec, default_seed=getattr(config, "seed", 0) if config is not None else 0)
+    try:
+        dataset = reasoning_gym.create_dataset(name, **kwargs)
+    except (AssertionError, TypeError, ValueError) as e:
+        raise ValueError(f"reasoning-gym refused {name} with {kwargs}: {e or type(e).__name__}") from None
+    rows = []
+    for entry in dataset:
+        entry = _json_safe(entry)
+        rows.append({"prompt": entry["question"], "label": entry["answer"],
+                     "metadata": {"scorer": "reasoning_gym", "rg_dataset": name, "rg_entry": entry}})
+    return rows
+
+
+def build_source(params: Any, config: Any):
+    return load_rows
+
+
+# --------------------------------------------------------------------------- scorer
+
+
+def extract_answer(response: str, expected: Any) -> str | None:
+    """The model's final answer: last box, else last ``<answer>`` tag, else (numeric
+    ``expected``) the last number, else the last non-empty line; ``None`` if empty."""
+    for found in (last_boxed(response), answer_tag(response)):
+        if found is not None:
+            return found
+    if parse_number(str(expected)) is not None:
+        return last_number(response)
+    lines = [ln.strip() for ln in response.splitlines() if ln.strip()]
+    return lines[-1] if lines else None
+
+
+_SCORE_FNS: dict[str, Any] = {}
+
+
+def _score_fn(name: str):
+    fn = _SCORE_FNS.get(name)
+    if fn is None:
+        import reasoning_gym
+
+        fn = _SCORE_FNS[name] = reasoning_gym.get_score_answer_fn(name)
+    return fn
+
+
+def rg_score(response: str, label: Any, metadata: dict | None) -> float | None:
+    """The ``reasoning_gym`` scorer.
+
+    Raises:
+        ValueError: the sample's metadata has no ``rg_dataset`` / ``rg_entry`` (it did not
+            come from the ``rg:`` source).
+    """
+    metadata = metadata or {}
+    name, entry = metadata.get("rg_dataset"), metadata.get("rg_entry")
+    if not name or not isinstance(entry, dict):
+        raise ValueError("the reasoning_gym scorer needs metadata['rg_dataset'] and metadata['rg_entry'] "
+                         "(rows from the rg: data source have them)")
+    answer = extract_answer(response, entry.get("answer", label))
+    return float(_score_fn(name)(answer, entry))
+
+
+def build_scorer(params: Any, config: Any):
+    return rg_score
