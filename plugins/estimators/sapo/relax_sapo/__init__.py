@@ -1,0 +1,1 @@
+"""SAPO estimator plugin for Relax."""

@@ -1,0 +1,41 @@
+"""Hook implementations of relax-sapo (registration only; nothing heavy imported)."""
+
+from dataclasses import dataclass
+
+from relax_core import EstimatorCapabilities, EstimatorSpec, hookimpl, param
+
+
+@dataclass(frozen=True)
+class SAPOParams:
+    tau_pos: float = param(1.0, "Gate temperature for tokens with positive advantage.",
+                           flag="--sapo-tau-pos", gt=0)
+    tau_neg: float = param(1.05, "Gate temperature for tokens with advantage <= 0 (higher = stronger damping).",
+                           flag="--sapo-tau-neg", gt=0)
+    disable_grpo_std_normalization: bool = param(
+        False, "Group advantages R - mean without dividing by the group std (as GRPO's flag).",
+        flag="--disable-grpo-std-normalization")
+
+
+CAPABILITIES = EstimatorCapabilities(
+    supports_context_parallel=True,  # token-local loss
+    sync_only=False,
+    supports_fully_async=True,
+    min_group_size=2,
+    requires_complete_groups=True,
+    policy_loss_kind="soft_gate",
+    allows_reward_post_processors=True,
+    metrics=("rollout/zero_std_group_frac",),
+)
+
+
+@hookimpl
+def relax_register_estimators():
+    return [EstimatorSpec(
+        name="sapo",
+        summary="SAPO: GRPO advantages, smooth sigmoid gate instead of a hard clip: loss -(4/tau)·sigmoid(tau(r-1))·A.",
+        source="Qwen team 2025, 'Soft Adaptive Policy Optimization' (soft gate f(r) = (4/τ)σ(τ(r−1)), "
+               "τ by advantage sign); Relax algorithms reference, SAPO",
+        factory="relax_sapo.sapo:build",
+        params=SAPOParams,
+        capabilities=CAPABILITIES,
+    )]
