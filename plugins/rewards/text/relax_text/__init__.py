@@ -1,0 +1,1 @@
+"""Text reward scorers for Relax: ``multiple_choice`` and ``f1``."""
