@@ -3,9 +3,18 @@ validation, the plugin host, checkpoints and metrics.
 
 Everything that varies (estimators, corrections, rewards, rollout engines, training
 backends, data sources) is a plugin registered through the hooks in
-:mod:`relax_core.hookspecs`.  This module is the public API for plugin authors: it
-must stay importable without torch.
+:mod:`relax_core.hookspecs`.
+
+The public API for plugin authors is exactly :data:`__all__`: the spec and capability
+types, :func:`param`, :data:`hookimpl` and :data:`API_VERSION` (importable without torch),
+and four modules, imported lazily on first access: ``contracts`` (the data contract between
+stages), ``numerics`` (masked reductions, group statistics, KL, normalisation), ``policy``
+(PPO-clip, REINFORCE, the group advantage stage) and ``testing`` (the contract kit).
+Specs declare the ``api_version`` they were written against; the loader refuses versions it
+does not support.  Everything else in ``relax_core`` is internal and may change.
 """
+
+import importlib as _importlib
 
 from relax_core.specs import (
     API_VERSION,
@@ -46,4 +55,16 @@ __all__ = [
     "hookimpl",
     "param",
     "__version__",
+    "contracts",
+    "numerics",
+    "policy",
+    "testing",
 ]
+
+_LAZY_MODULES = ("contracts", "numerics", "policy", "testing")
+
+
+def __getattr__(name: str):
+    if name in _LAZY_MODULES:
+        return _importlib.import_module(f"relax_core.{name}")
+    raise AttributeError(f"module 'relax_core' has no attribute {name!r}")
