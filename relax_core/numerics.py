@@ -303,7 +303,7 @@ def kl_estimate(log_probs: Tensor, ref_log_probs: Tensor, kind: str, *, mask: Te
         kl = 0.5 * x * x
     else:
         x = x.clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
-        kl = torch.exp(-x) - 1.0 + x
+        kl = torch.expm1(-x) + x  # e^(−x) − 1 + x; expm1 keeps it ≥ 0 near x = 0 in float32
         if kind == "low_var_kl":
             kl = kl.clamp(-LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP)
     return kl if mask is None else masked_fill_zero(kl, mask.bool())
@@ -406,7 +406,7 @@ def masked_normalize(values: Tensor, mask: Tensor, *, group: Any = None, eps: fl
     mask = mask.bool()
     v = masked_fill_zero(values.to(dt), mask)
     stats = all_reduce_sum(torch.stack([v.sum(), mask.sum().to(dt)]), group)
-    n = stats[1]
+    n = stats[1].detach()  # the token count (no gradient path)
     if n.item() == 0:
         raise ValueError("masked_normalize: the loss mask is empty on every rank; nothing to normalise")
     mu = stats[0] / n
@@ -415,7 +415,7 @@ def masked_normalize(values: Tensor, mask: Tensor, *, group: Any = None, eps: fl
     if unbiased and n.item() > 1:
         var = var * n / (n - 1)
     out = masked_fill_zero(d * torch.rsqrt(var.clamp(min=eps)), mask)
-    return out, {"mean": float(mu), "var": float(var), "count": float(n)}
+    return out, {"mean": float(mu.detach()), "var": float(var.detach()), "count": float(n)}
 
 
 def is_finite_number(x: float) -> bool:
