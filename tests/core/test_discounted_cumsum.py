@@ -1,0 +1,52 @@
+"""relax_core.numerics.discounted_cumsum: the chunked reverse scan of returns and GAE."""
+
+import pytest
+import torch
+
+from relax_core.numerics import discounted_cumsum
+
+
+def _sequential(x, d):
+    y = torch.zeros_like(x)
+    acc = torch.zeros_like(x[..., 0])
+    for t in reversed(range(x.shape[-1])):
+        acc = x[..., t] + d * acc
+        y[..., t] = acc
+    return y
+
+
+def test_hand_values():
+    x = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    # y2 = 3, y1 = 2 + 0.5·3 = 3.5, y0 = 1 + 0.5·3.5 = 2.75
+    assert discounted_cumsum(x, 0.5).tolist() == [2.75, 3.5, 3.0]
+    assert discounted_cumsum(x, 1.0).tolist() == [6.0, 5.0, 3.0]
+    assert discounted_cumsum(x, 0.0).tolist() == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("t", [1, 2, 7, 128, 129, 300, 1100])
+@pytest.mark.parametrize("d", [0.0, 0.5, 0.95, 1.0])
+@pytest.mark.parametrize("chunk", [2, 5, 128])
+def test_equals_sequential_reference(t, d, chunk):
+    x = torch.randn(2, 3, t, generator=torch.Generator().manual_seed(t), dtype=torch.float64)
+    torch.testing.assert_close(discounted_cumsum(x, d, chunk=chunk), _sequential(x, d), atol=1e-9, rtol=1e-9)
+
+
+def test_long_sequence_small_discount_does_not_overflow_and_float32_is_close():
+    x = torch.randn(4, 5000, generator=torch.Generator().manual_seed(0))
+    y = discounted_cumsum(x, 0.5)
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y.double(), _sequential(x.double(), 0.5), atol=1e-5, rtol=1e-5)
+
+
+def test_empty_and_gradient_and_errors():
+    assert discounted_cumsum(torch.zeros(3, 0), 0.9).shape == (3, 0)
+    x = torch.randn(1, 200, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(1, 200, dtype=torch.float64)
+    (discounted_cumsum(x, 0.9, chunk=16) * w).sum().backward()
+    # dL/dx_u = Σ_{t≤u} 0.9^(u−t) w_t: the forward discounted cumsum of w
+    expected = _sequential(w.flip(-1), 0.9).flip(-1)
+    torch.testing.assert_close(x.grad, expected)
+    with pytest.raises(ValueError, match="discount"):
+        discounted_cumsum(torch.zeros(3), 1.5)
+    with pytest.raises(ValueError, match="chunk"):
+        discounted_cumsum(torch.zeros(3), 0.5, chunk=1)
