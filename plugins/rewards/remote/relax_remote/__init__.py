@@ -1,0 +1,1 @@
+"""Remote reward scorer for Relax (``remote``): asks a reward server over HTTP."""
