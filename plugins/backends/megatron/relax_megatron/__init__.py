@@ -1,0 +1,1 @@
+"""relax-megatron: Megatron-core training backend (install the ``[backend]`` extra)."""

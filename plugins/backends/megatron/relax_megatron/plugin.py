@@ -1,0 +1,26 @@
+"""Hook implementations of relax-megatron (registration only; nothing heavy imported)."""
+
+from relax_core import BackendCapabilities, BackendSpec, hookimpl
+
+INSTALL_HINT = "pip install -e 'plugins/backends/megatron[backend]'  (megatron-core==0.16.1)"
+
+
+@hookimpl
+def relax_register_train_backends():
+    return [BackendSpec(
+        name="megatron",
+        summary="Megatron-core GPTModel built from a HF Llama/Qwen config; tensor parallel, vocab-parallel log-probs.",
+        source="Shoeybi et al. 2019, Megatron-LM (arXiv:1909.08053) §3; megatron-core 0.16.1",
+        factory="relax_megatron.factory:build",
+        capabilities=BackendCapabilities(
+            devices=frozenset({"cpu", "cuda"}),
+            supports_data_parallel=False,
+            supports_tensor_parallel=True,
+            supports_context_parallel=False,
+            supports_pipeline_parallel=False,
+            supports_critic=False,
+            supports_routing_replay=False,
+            supports_top_k_log_probs=True,
+            supports_gradient_checkpointing=False,
+        ),
+    )]
