@@ -1,0 +1,1 @@
+"""M2PO estimator plugin for Relax."""
