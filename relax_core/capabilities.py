@@ -124,7 +124,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(E, "supports_context_parallel", "CP", "Same loss and gradient with each sequence split over context-parallel ranks.",
                lambda ctx, c: None if c.supports_context_parallel or ctx.cfg.context_parallel_size == 1 else
                f"does not support context parallelism, but --context-parallel-size is {ctx.cfg.context_parallel_size}",
-               "use --context-parallel-size 1, or an estimator whose capability matrix shows CP (see `relax capabilities`)"),
+               "use --context-parallel-size 1, or an estimator (or estimator parameters, e.g. m2po with --m2po-stat-scope global) whose capabilities show CP (see `relax capabilities`)"),
     Capability(E, "sync_only", "sync only", "Needs on-policy updates: no async or stale rollouts, one optimizer step per rollout, rollout_batch_size × n_samples_per_prompt == global_batch_size.",
                lambda ctx, c: ("is sync-only (on-policy updates only), but " + "; ".join(r)) if c.sync_only and (r := _sync_reasons(ctx.cfg)) else None,
                "run synchronously: --max-staleness 0, no --fully-async, --num-steps-per-rollout 1, and --global-batch-size = --rollout-batch-size × --n-samples-per-prompt; or pick an estimator with importance-ratio correction (grpo, m2po)"),
