@@ -1,0 +1,1 @@
+"""REINFORCE++ estimator plugin for Relax."""
