@@ -127,7 +127,7 @@ class ScoreCentering:
         m3 = mask[..., None]
         if not torch.isfinite(log_q).all() or (log_q > MASS_TOL).any():
             raise ValueError("sampler top-k log-probs must be finite and <= 0 at every loss position")
-        if (log_q.exp().sum(-1) > 1 + MASS_TOL).any():
+        if ((log_q.exp().sum(-1) > 1 + MASS_TOL) & mask).any():
             raise ValueError("sampler top-k head has probability mass > 1: its log-probs are not normalised "
                              "over the full vocabulary")
         srt = ids.sort(-1).values
