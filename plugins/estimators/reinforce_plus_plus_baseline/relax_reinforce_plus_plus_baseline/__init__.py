@@ -1,0 +1,1 @@
+"""REINFORCE++-baseline estimator plugin for Relax."""

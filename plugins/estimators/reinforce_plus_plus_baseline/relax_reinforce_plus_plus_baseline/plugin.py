@@ -1,0 +1,31 @@
+"""Hook implementations of relax-reinforce-plus-plus-baseline (registration only; nothing heavy imported)."""
+
+from relax_core import EstimatorCapabilities, EstimatorSpec, hookimpl
+
+CAPABILITIES = EstimatorCapabilities(
+    supports_context_parallel=False,
+    sync_only=True,
+    supports_fully_async=False,
+    min_group_size=2,
+    requires_complete_groups=True,
+    requires_normalize_advantages=True,
+    requires_rewards_normalization=True,
+    forbids_per_token_loss=True,
+    uses_reward_side_kl=False,
+    requires_kl_loss=True,
+    required_kl_loss_type="k2",
+    policy_loss_kind="ppo_clip",
+    allows_reward_post_processors=False,
+    metrics=("rollout/zero_std_group_frac", "rollout/advantage_raw_std"),
+)
+
+
+@hookimpl
+def relax_register_estimators():
+    return [EstimatorSpec(
+        name="reinforce_plus_plus_baseline",
+        summary="REINFORCE++-baseline: inclusive group-mean baseline, global token normalisation, PPO-clip, k2 KL loss.",
+        source="Hu et al. 2025, REINFORCE++ (arXiv 2501.03262, v9), §3: REINFORCE++-baseline (group-mean baseline, global normalisation)",
+        factory="relax_reinforce_plus_plus_baseline.reinforce_plus_plus_baseline:build",
+        capabilities=CAPABILITIES,
+    )]
