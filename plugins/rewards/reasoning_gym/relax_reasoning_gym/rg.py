@@ -158,17 +158,12 @@ def _score_fn(name: str):
 
 
 def rg_score(response: str, label: Any, metadata: dict | None) -> float | None:
-    """The ``reasoning_gym`` scorer.
-
-    Raises:
-        ValueError: the sample's metadata has no ``rg_dataset`` / ``rg_entry`` (it did not
-            come from the ``rg:`` source).
-    """
+    """The ``reasoning_gym`` scorer: ``None`` (cannot be scored) for a sample whose metadata
+    has no ``rg_dataset`` / ``rg_entry``, i.e. one that did not come from the ``rg:`` source."""
     metadata = metadata or {}
     name, entry = metadata.get("rg_dataset"), metadata.get("rg_entry")
     if not name or not isinstance(entry, dict):
-        raise ValueError("the reasoning_gym scorer needs metadata['rg_dataset'] and metadata['rg_entry'] "
-                         "(rows from the rg: data source have them)")
+        return None
     answer = extract_answer(response, entry.get("answer", label))
     return float(_score_fn(name)(answer, entry))
 
