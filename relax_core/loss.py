@@ -130,7 +130,8 @@ class ActorLoss:
                 loss=per_token, log_probs=log_probs, old_log_probs=old, advantages=t["advantages"],
                 loss_mask=mask, policy_loss_kind=self.s.policy_loss_kind, rollout_log_probs=rollout_lp,
                 top_k_ids=t.get("top_k_ids"), top_k_log_probs=t.get("top_k_log_probs"),
-                train_top_k_log_probs=out.top_k_log_probs, is_weight=self.is_weight))
+                train_top_k_log_probs=out.top_k_log_probs, is_weight=self.is_weight,
+                response_ids=mb.response_ids))
             per_token = co.loss
             token_metrics.update(co.token_metrics)
             scalar_metrics.update(co.scalar_metrics)
@@ -152,7 +153,7 @@ class ActorLoss:
         acc.add("loss", loss)
         for name, x in token_metrics.items():
             acc.add(name, token_metric_mean(x, mask, num_tokens=self.num_tokens))
-        if rollout_lp is not None:
+        if rollout_lp is not None and "train_rollout_logprob_abs_diff" not in token_metrics:  # tis/icepop give their own
             diff = (log_probs.detach() - rollout_lp).abs()
             acc.add("train_rollout_logprob_abs_diff", token_metric_mean(diff, mask, num_tokens=self.num_tokens))
         share = mask.shape[0] / self.num_samples  # scalar metrics: sample-weighted mean

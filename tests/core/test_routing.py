@@ -33,7 +33,7 @@ def tiny_moe(norm_topk_prob: bool = False, seed: int = 0):
         num_experts=4, num_experts_per_tok=2, norm_topk_prob=norm_topk_prob,
         max_position_embeddings=64)
     model = transformers.Qwen3MoeForCausalLM(cfg).eval()
-    for r in moe_routers(model):  # zero-initialised by default: give the routers a real choice
+    for r in moe_routers(model):  # initialised with std 0.02: give the routers decisive logits
         torch.nn.init.normal_(r.weight, std=0.5)
     return model
 
