@@ -1,0 +1,63 @@
+"""Module-level scorers for the reward-stage tests (importable by spawned reward workers:
+``tests/core`` is on ``sys.path`` via ``conftest.py`` and workers inherit ``sys.path``)."""
+
+import os
+import time
+
+
+def exact(response, label, metadata):
+    """1 if the response equals the label, else 0; sleeps ``metadata['sleep']`` s first."""
+    time.sleep(metadata.get("sleep", 0))
+    return float(response == str(label))
+
+
+def always_raise(response, label, metadata):
+    raise RuntimeError("this scorer always fails")
+
+
+def sleep_past_timeout(response, label, metadata):
+    time.sleep(3600)
+    return 1.0
+
+
+def hang_on_request(response, label, metadata):
+    """Hangs (a busy loop, as a stuck sympy call would) when the response is 'hang'."""
+    while response == "hang":
+        pass
+    return 1.0
+
+
+def exit_worker(response, label, metadata):
+    os._exit(3)
+
+
+def bad_value(response, label, metadata):
+    return {"nan": float("nan"), "str": "1.0", "bool": True}[response]
+
+
+def none_scorer(response, label, metadata):
+    return None
+
+
+def pid(response, label, metadata):
+    return float(os.getpid())
+
+
+def slow_factory(params, config):
+    """A scorer factory that takes 1 s to build (a cold import), then scores instantly."""
+    time.sleep(1.0)
+    return exact
+
+
+def build_exact(params, config):
+    return exact
+
+
+def build_always_raise(params, config):
+    return always_raise
+
+
+def build_needs_url(params, config):
+    if not getattr(config, "rm_url", None):
+        raise ValueError("needs --rm-url")
+    return exact

@@ -1,0 +1,177 @@
+"""The reward stage: safe scoring in worker processes, scorer resolution, processors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import rewarding_toy_scorers as toys
+from relax_core_test_toys import make_plugin
+
+from relax_core import RewardScorerSpec
+from relax_core.config import RunConfig
+from relax_core.plugins import load_registry
+from relax_core.rewarding import (RewardSetupError, Scorer, ScoringPool, _pool_for, load_custom_scorer,
+                                  resolve_scorer, score_batch, shutdown_pools)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_pools():
+    yield
+    shutdown_pools()
+
+
+def _toy_registry():
+    specs = [RewardScorerSpec(name=n, summary=n, source="test", factory=f"rewarding_toy_scorers:{f}")
+             for n, f in (("math", "build_exact"), ("exact", "build_exact"), ("boom", "build_always_raise"),
+                          ("needs_url", "build_needs_url"))]
+    return load_registry([("toys", make_plugin(*specs))], entry_points=False)
+
+
+def _score(fn, responses, labels=None, metadata=None, *, timeout=5.0, workers=2):
+    n = len(responses)
+    return score_batch(fn, responses, labels if labels is not None else ["1"] * n,
+                       metadata if metadata is not None else [{}] * n, timeout=timeout, num_workers=workers)
+
+
+def test_rewards_in_input_order_whatever_the_completion_order():
+    # the first samples sleep longest, so they complete last
+    responses = ["1", "0", "1", "1", "0", "1"]
+    meta = [{"sleep": s} for s in (0.3, 0.2, 0.1, 0.0, 0.0, 0.0)]
+    rewards, stats = _score(toys.exact, responses, metadata=meta)
+    assert rewards == [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    assert stats == {"reward_errors": 0, "reward_timeouts": 0}
+
+
+def test_a_scorer_that_always_raises_gives_none_and_counts_errors(caplog):
+    t0 = time.monotonic()
+    rewards, stats = _score(toys.always_raise, ["a"] * 16)
+    assert rewards == [None] * 16
+    assert stats == {"reward_errors": 16, "reward_timeouts": 0}
+    assert time.monotonic() - t0 < 10
+    assert "this scorer always fails" in caplog.text
+
+
+def test_a_scorer_sleeping_past_the_timeout_is_stopped_and_counted():
+    t0 = time.monotonic()
+    rewards, stats = _score(toys.sleep_past_timeout, ["a"] * 4, timeout=0.5, workers=2)
+    elapsed = time.monotonic() - t0
+    assert rewards == [None] * 4
+    assert stats == {"reward_errors": 0, "reward_timeouts": 4}
+    # two rounds of 0.5 s on two workers, plus process start-ups; never the scorer's hour
+    assert elapsed < 10, elapsed
+
+
+def test_a_hung_call_does_not_hold_the_others():
+    responses = ["ok", "hang", "ok", "ok", "hang", "ok"]
+    t0 = time.monotonic()
+    rewards, stats = _score(toys.hang_on_request, responses, timeout=0.5)
+    assert rewards == [1.0, None, 1.0, 1.0, None, 1.0]
+    assert stats == {"reward_errors": 0, "reward_timeouts": 2}
+    assert time.monotonic() - t0 < 10
+
+
+def test_worker_death_and_bad_values_are_errors_and_the_pool_recovers():
+    with ScoringPool(toys.exit_worker, 2) as pool:
+        rewards, stats = pool.score(["a", "b", "c"], ["1"] * 3, [{}] * 3, timeout=5)
+        assert rewards == [None] * 3 and stats["reward_errors"] == 3
+    with ScoringPool(toys.bad_value, 1) as pool:
+        rewards, stats = pool.score(["nan", "str", "bool"], ["1"] * 3, [{}] * 3, timeout=5)
+        assert rewards == [None] * 3 and stats == {"reward_errors": 3, "reward_timeouts": 0}
+    rewards, stats = _score(toys.none_scorer, ["a", "b"])
+    assert rewards == [None, None] and stats == {"reward_errors": 0, "reward_timeouts": 0}  # None = unscored, no error
+
+
+def test_pool_is_reused_across_batches_and_replaces_killed_workers():
+    first, _ = _score(toys.pid, ["a"] * 8, workers=2)
+    pool = _pool_for(toys.pid, 2)
+    pids = {float(w.process.pid) for w in pool._workers}
+    second, _ = _score(toys.pid, ["a"] * 8, workers=2)
+    assert _pool_for(toys.pid, 2) is pool and len(pids) == 2
+    assert set(first) | set(second) <= pids
+    with ScoringPool(toys.hang_on_request, 1) as pool:
+        r1, s1 = pool.score(["hang", "ok"], ["1"] * 2, [{}] * 2, timeout=0.3)
+        assert r1 == [None, 1.0] and s1["reward_timeouts"] == 1
+
+
+def test_empty_batch_and_length_mismatch():
+    assert _score(toys.exact, []) == ([], {"reward_errors": 0, "reward_timeouts": 0})
+    with pytest.raises(ValueError, match="differ in length"):
+        score_batch(toys.exact, ["a", "b"], ["1"], [{}, {}], timeout=1, num_workers=1)
+
+
+def test_unpicklable_scorer_is_a_setup_error():
+    with pytest.raises(RewardSetupError, match="module-level function"):
+        _score(lambda r, l, m: 1.0, ["a"])
+
+
+def test_scorer_auto_uses_the_rows_scorer_else_math():
+    reg = _toy_registry()
+    scorer = resolve_scorer(RunConfig(), reg)
+    assert [scorer.name_for(m) for m in ({"scorer": "boom"}, {}, None)] == ["boom", "math", "math"]
+    rewards, stats = score_batch(scorer, ["1", "1", "0"], ["1", "1", "1"], [{"scorer": "exact"}, {"scorer": "boom"}, {}],
+                                 timeout=5, num_workers=2)
+    assert rewards == [1.0, None, 0.0] and stats["reward_errors"] == 1
+    with pytest.raises(RewardSetupError, match="no reward scorer named 'nope'.*installed: boom, exact, math"):
+        score_batch(scorer, ["1"], ["1"], [{"scorer": "nope"}], timeout=5, num_workers=1)
+
+
+def test_scorer_fixed_name_and_custom_path():
+    reg = _toy_registry()
+    fixed = resolve_scorer(RunConfig(reward="boom"), reg)
+    assert fixed.name_for({"scorer": "exact"}) == "boom"
+    custom = resolve_scorer(RunConfig(custom_rm_path="rewarding_toy_scorers:exact"), reg)
+    assert custom.name_for({"scorer": "boom"}) == "custom"
+    assert score_batch(custom, ["1", "2"], ["1", "1"], [{"scorer": "boom"}, {}], timeout=5, num_workers=1)[0] == [1.0, 0.0]
+    with pytest.raises(RewardSetupError, match="give only one"):
+        resolve_scorer(RunConfig(reward="exact", custom_rm_path="rewarding_toy_scorers:exact"), reg)
+
+
+@pytest.mark.parametrize("path, match", [
+    ("rewarding_toy_scorers.exact", "must be 'pkg.module:function'"),
+    ("no_such_module_xyz:fn", "ModuleNotFoundError"),
+    ("rewarding_toy_scorers:missing", "AttributeError"),
+    ("rewarding_toy_scorers:__doc__", "is not callable"),
+])
+def test_bad_custom_paths(path, match):
+    with pytest.raises(RewardSetupError, match=match):
+        load_custom_scorer(path)
+    with pytest.raises(RewardSetupError, match=match):
+        resolve_scorer(RunConfig(custom_rm_path=path), _toy_registry())
+
+
+def test_setup_errors_surface_at_resolution():
+    reg = _toy_registry()
+    with pytest.raises(RewardSetupError, match="'needs_url' cannot be built: ValueError: needs --rm-url"):
+        resolve_scorer(RunConfig(reward="needs_url"), reg)
+    assert resolve_scorer(RunConfig(reward="needs_url", rm_url="http://127.0.0.1:1/"), reg).reward == "needs_url"
+    with pytest.raises(RewardSetupError, match="no reward scorer named 'nope'"):
+        resolve_scorer(RunConfig(reward="nope"), reg)
+
+
+def test_scorer_build_time_does_not_count_against_the_timeout():
+    spec = RewardScorerSpec(name="slow", summary="s", source="t", factory="rewarding_toy_scorers:slow_factory")
+    scorer = Scorer({"slow": spec}, reward="slow")
+    rewards, stats = score_batch(scorer, ["1", "0"], ["1", "1"], [{}, {}], timeout=0.5, num_workers=1)
+    assert rewards == [1.0, 0.0] and stats == {"reward_errors": 0, "reward_timeouts": 0}
+
+
+def test_scorer_pickles_without_built_functions():
+    import pickle
+
+    scorer = resolve_scorer(RunConfig(reward="exact"), _toy_registry())
+    assert scorer._built  # built once at resolution
+    clone = pickle.loads(pickle.dumps(scorer))
+    assert clone._built == {} and clone("1", "1", {}) == 1.0 and "exact" in clone._built
+
+
+def test_real_scorers_through_the_pool():
+    relax_math = pytest.importorskip("relax_math.plugin")
+    reg = load_registry([("math", relax_math)], entry_points=False)
+    scorer = resolve_scorer(RunConfig(), reg)
+    responses = ["\\boxed{\\frac{1}{2}}", "\\boxed{0.5}", "so $18 a day", "\\boxed{\\frac{1}{2}", "\\boxed{3}"]
+    labels = ["0.5", "\\frac{1}{2}", "#### 18", "\\frac{1}{2}", "see figure"]
+    meta = [{}, {"scorer": "math"}, {"scorer": "gsm8k"}, {}, {}]
+    rewards, stats = score_batch(scorer, responses, labels, meta, timeout=10, num_workers=2)
+    assert rewards == [1.0, 1.0, 1.0, 0.0, None]
+    assert stats == {"reward_errors": 0, "reward_timeouts": 0}
