@@ -56,3 +56,98 @@ def infra_plugin() -> types.SimpleNamespace:
 
 def build_estimator(params, config):
     return ("toy", params, config)
+
+
+# --------------------------------------------------------------------------- toy estimators for the kit
+# Vectorised; each "bad" variant breaks exactly one clause of the contract.
+
+import torch  # noqa: E402
+
+from relax_core.contracts import AdvantageOutput, PolicyLossOutput  # noqa: E402
+from relax_core.numerics import broadcast_to_tokens, group_stats, masked_fill_zero  # noqa: E402
+
+
+class ToyReinforce:
+    """A = R − group mean (unscored: 0); loss = −A·r with r = exp(log π − log π_old)."""
+
+    def __init__(self, variant: str = "good"):
+        self.variant = variant
+
+    def compute_advantages(self, inp):
+        stats = group_stats(inp.rewards, inp.group_index)
+        adv = torch.where(torch.isfinite(inp.rewards), inp.rewards - stats["mean"], 0.0)  # [B]
+        out = broadcast_to_tokens(adv, inp.loss_mask)
+        if self.variant == "adv_at_masked":
+            out = adv[:, None].expand(inp.loss_mask.shape).float()
+        return AdvantageOutput(advantages=out, returns=out.clone(), metrics={"rollout/toy_adv_mean": float(adv.mean())})
+
+    def policy_loss(self, inp):
+        mask = inp.loss_mask.bool()
+        adv = masked_fill_zero(inp.advantages, mask)
+        if self.variant == "nan_leak":  # no masking before exp: NaN reaches the gradient
+            log_ratio = inp.log_probs - inp.old_log_probs
+        else:
+            log_ratio = masked_fill_zero(inp.log_probs - inp.old_log_probs, mask)
+        if self.variant == "seq_ratio_local":  # a per-sequence mean over this rank's tokens only
+            n = mask.sum(-1, keepdim=True).clamp(min=1)
+            log_ratio = (log_ratio.sum(-1, keepdim=True) / n).expand(mask.shape)
+        ratio = torch.exp(log_ratio)
+        loss = -adv * ratio
+        if self.variant == "wrong_shape":
+            loss = loss.sum(-1)
+        return PolicyLossOutput(loss=loss, token_metrics={"ppo_kl": (-log_ratio).detach()})
+
+
+def build_toy_reinforce(params, config):
+    return ToyReinforce("good")
+
+
+def build_nan_leak(params, config):
+    return ToyReinforce("nan_leak")
+
+
+def build_seq_ratio_local(params, config):
+    return ToyReinforce("seq_ratio_local")
+
+
+def build_adv_at_masked(params, config):
+    return ToyReinforce("adv_at_masked")
+
+
+def build_wrong_shape(params, config):
+    return ToyReinforce("wrong_shape")
+
+
+class ToyCorrection:
+    """Truncated importance weight min(π_old/q, 2), detached unless ``leaky``."""
+
+    def __init__(self, leaky: bool):
+        self.leaky = leaky
+
+    def apply(self, inp):
+        mask = inp.loss_mask.bool()
+        log_w = masked_fill_zero(inp.old_log_probs - inp.rollout_log_probs, mask)
+        if self.leaky:
+            log_w = log_w + masked_fill_zero(inp.log_probs - inp.log_probs.detach(), mask)
+        w = torch.exp(log_w).clamp(max=2.0)
+        if not self.leaky:
+            w = w.detach()
+        from relax_core.contracts import CorrectionOutput
+
+        return CorrectionOutput(loss=masked_fill_zero(inp.loss, mask) * w, token_metrics={"toy_w": w.detach()})
+
+
+def build_correction(params, config):
+    return ToyCorrection(leaky=False)
+
+
+def build_leaky_correction(params, config):
+    return ToyCorrection(leaky=True)
+
+
+def build_scorer(params, config):
+    return lambda response, label, metadata: 1.0 if label in response else 0.0
+
+
+def build_bad_scorer(params, config):
+    return lambda response, label, metadata: float("nan") if not response else "yes"

@@ -1,0 +1,216 @@
+"""``check_contract``: spec-level checks and dispatch to the per-kind checks.
+
+Spec-level checks import nothing heavy; the estimator, correction and reward checks
+(:mod:`relax_core.testing.components`) import torch when they run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import traceback
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from relax_core.capabilities import CAPABILITIES, Context, Selected
+from relax_core.config import RunConfig, check_bounds, param_flag
+from relax_core.specs import SUPPORTED_API_VERSIONS, ComponentSpec, EstimatorCapabilities, _resolve
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+#: ``requires_x`` / ``forbids_x`` pairs that contradict each other when both are set.
+_CONTRADICTIONS = (
+    ("requires_normalize_advantages", "forbids_normalize_advantages"),
+    ("requires_per_token_loss", "forbids_per_token_loss"),
+    ("requires_kl_loss", "forbids_kl_loss"),
+    ("sync_only", "supports_fully_async"),
+)
+
+
+def require(condition: Any, message: str) -> None:
+    """``assert`` that keeps its message as written (pytest rewrites plain ``assert`` in
+    this package, which would append its own introspection)."""
+    if not condition:
+        raise AssertionError(message)
+
+
+class Checks:
+    """Collects failed checks instead of stopping at the first."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self.failures: list[str] = []
+
+    @contextmanager
+    def check(self, name: str) -> Iterator[None]:
+        try:
+            yield
+        except AssertionError as e:
+            self.failures.append(f"{name}: {e}" if str(e) else name)
+        except Exception as e:  # noqa: BLE001 - a crash is a failed check, reported with its origin
+            tb = traceback.extract_tb(e.__traceback__)[-1]
+            self.failures.append(f"{name}: raised {type(e).__name__}: {e} (at {tb.filename}:{tb.lineno})")
+
+    def fail(self, name: str, message: str) -> None:
+        self.failures.append(f"{name}: {message}")
+
+    def raise_if_failed(self) -> None:
+        if self.failures:
+            lines = "\n".join(f"  - {f}" for f in self.failures)
+            raise AssertionError(f"{self.label}: {len(self.failures)} contract check(s) failed:\n{lines}")
+
+
+def check_contract(spec: ComponentSpec, params: Any = None, *, config: RunConfig | None = None,
+                   distributed: bool = True) -> None:
+    """Check one component against the plugin contract (see :mod:`relax_core.testing`).
+
+    Args:
+        spec: the spec a registration hook returns.
+        params: parameter values to check with (an instance of ``spec.params``); default:
+            the schema's defaults.  Capabilities are resolved for these values.
+        config: the :class:`RunConfig` to build the component with (e.g. one with
+            ``rm_url`` for a remote scorer); default: :func:`config_for` ``(spec, params)``,
+            which meets an estimator's declared requirements.
+        distributed: run the 2-rank context-parallel check for components declaring
+            ``supports_context_parallel`` (set ``False`` only where processes cannot be
+            spawned).
+
+    Raises:
+        AssertionError: listing every failed check.
+    """
+    checks = Checks(f"{getattr(spec, 'kind', '?')} '{getattr(spec, 'name', '?')}'")
+    params = _check_spec(spec, params, checks)
+    caps = None
+    with checks.check("capabilities"):
+        caps = _check_capabilities(spec, params)
+    if caps is not None or type(spec).capabilities_type is None:
+        kind = spec.kind
+        if config is None:
+            config = config_for(spec, params)
+        if kind == "estimator" and caps is not None:
+            from relax_core.testing.components import check_estimator
+
+            check_estimator(spec, params, caps, config, checks, distributed=distributed)
+        elif kind == "correction" and caps is not None:
+            from relax_core.testing.components import check_correction
+
+            check_correction(spec, params, caps, config, checks)
+        elif kind == "reward":
+            from relax_core.testing.components import check_reward_scorer
+
+            check_reward_scorer(spec, params, config, checks)
+        elif kind == "reward_processor":
+            from relax_core.testing.components import check_reward_processor
+
+            check_reward_processor(spec, params, config, checks)
+    checks.raise_if_failed()
+
+
+def _check_spec(spec: ComponentSpec, params: Any, checks: Checks) -> Any:
+    with checks.check("spec type"):
+        require(isinstance(spec, ComponentSpec), f"not a relax spec: {type(spec).__name__}")
+        require(dataclasses.is_dataclass(spec) and type(spec).__dataclass_params__.frozen, "spec must be frozen")
+    with checks.check("name"):
+        require(isinstance(spec.name, str) and _NAME_RE.match(spec.name), f"{spec.name!r} must match [a-z][a-z0-9_]*")
+    with checks.check("summary"):
+        require(isinstance(spec.summary, str) and spec.summary.strip(), "empty summary")
+        require("\n" not in spec.summary.strip(), "summary must be one line")
+    with checks.check("source"):
+        require(isinstance(spec.source, str) and spec.source.strip(), "empty source (give the paper and section/equation)")
+    with checks.check("api_version"):
+        require(spec.api_version in SUPPORTED_API_VERSIONS, f"{spec.api_version} not in supported {sorted(SUPPORTED_API_VERSIONS)}")
+    with checks.check("factory resolves"):
+        fn = _resolve(spec.factory)
+        require(callable(fn), f"{spec.factory} is not callable")
+    if getattr(spec, "kind", None) == "data_source":
+        with checks.check("scheme"):
+            require(isinstance(spec.scheme, str) and _NAME_RE.match(spec.scheme), f"bad scheme {spec.scheme!r}")
+    if spec.params is None:
+        with checks.check("params"):
+            require(params is None, "params given, but the spec has no parameter schema")
+        return None
+    ok = True
+    with checks.check("params schema"):
+        ok = False
+        require(dataclasses.is_dataclass(spec.params) and isinstance(spec.params, type), f"params must be a dataclass type, got {spec.params!r}")
+        require(spec.params.__dataclass_params__.frozen, "params dataclass must be frozen (@dataclass(frozen=True))")
+        ok = True
+    if not ok:
+        return params
+    for f in dataclasses.fields(spec.params):
+        flag = param_flag(spec.name, f)
+        with checks.check(f"param {f.name}"):
+            require(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING, "no default")
+            require(str(f.metadata.get("help", "")).strip(), "no help text (declare it with relax_core.param)")
+            if f.default is not dataclasses.MISSING:
+                bad = check_bounds(f.default, f.metadata, flag)
+                require(not bad, f"default outside its declared bounds: {'; '.join(bad)}")
+    if params is None:
+        with checks.check("params defaults"):
+            params = spec.params()
+    else:
+        with checks.check("params given"):
+            require(isinstance(params, spec.params), f"params must be a {spec.params.__name__}, got {type(params).__name__}")
+            bad = [p for f in dataclasses.fields(params)
+                   for p in check_bounds(getattr(params, f.name), f.metadata, param_flag(spec.name, f))]
+            require(not bad, "; ".join(bad))
+    return params
+
+
+def _check_capabilities(spec: ComponentSpec, params: Any) -> Any:
+    want = type(spec).capabilities_type
+    if want is None:
+        require(spec.capabilities is None, f"{spec.kind} specs take no capabilities")
+        return None
+    caps = spec.capabilities_for(params)
+    require(type(caps) is want, f"capabilities_for(params) must return a {want.__name__}, got {type(caps).__name__}")
+    both = [f"{a} and {b}" for a, b in _CONTRADICTIONS if getattr(caps, a, False) and getattr(caps, b, False)]
+    require(not both, "contradictory capabilities: " + ", ".join(both))
+    if isinstance(caps, EstimatorCapabilities):
+        require(isinstance(caps.min_group_size, int) and caps.min_group_size >= 1, "min_group_size must be an int >= 1")
+        require(caps.kl_level in ("token", "sequence"), f"kl_level {caps.kl_level!r} not token|sequence")
+        require(caps.policy_loss_kind != "undeclared", "policy_loss_kind is not declared (corrections refuse an undeclared kind)")
+        require(not (caps.requires_reward_side_kl and not caps.uses_reward_side_kl), "requires_reward_side_kl without uses_reward_side_kl")
+        require(all(isinstance(m, str) and m for m in caps.metrics), "metrics must be non-empty names")
+    return caps
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def config_for(spec: ComponentSpec, params: Any = None, **overrides: Any) -> RunConfig:
+    """A small :class:`RunConfig` that satisfies an estimator's declared requirements
+    (group size, per-token loss, KL terms, normalisation), with ``params`` as its
+    parameters and ``overrides`` applied last."""
+    values: dict[str, Any] = {"rollout_batch_size": 3, "n_samples_per_prompt": 4, "rollout_max_response_len": 8}
+    caps = spec.capabilities_for(params) if spec.kind == "estimator" else None
+    if isinstance(caps, EstimatorCapabilities):
+        values["n_samples_per_prompt"] = max(4, caps.min_group_size)
+        if caps.requires_per_token_loss:
+            values["calculate_per_token_loss"] = True
+        if caps.requires_normalize_advantages:
+            values["normalize_advantages"] = True
+        if caps.requires_reward_side_kl:
+            values["kl_coef"] = 0.01
+        if caps.requires_kl_loss:
+            values.update(use_kl_loss=True, kl_loss_coef=0.001)
+        if caps.required_kl_loss_type and (caps.requires_kl_loss or caps.requires_reward_side_kl):
+            values["kl_loss_type"] = caps.required_kl_loss_type
+    values.update(overrides)
+    pp = {spec.name: params if params is not None else spec.default_params()} if spec.params is not None else {}
+    return RunConfig(**values, plugin_params=pp)
+
+
+def capability_problems(kind: str, name: str, caps: Any, cfg: RunConfig) -> list[tuple[str, str]]:
+    """``(capability, message)`` for each row of the capability table of ``kind`` that
+    refuses ``caps`` under ``cfg`` (the component alone: no engine or backend chosen)."""
+    sel = Selected(kind, name, caps, "contract-kit")
+    ctx = Context(cfg=cfg, estimator=sel if kind == "estimator" else None,
+                  corrections=(sel,) if kind == "correction" else ())
+    out = []
+    for cap in CAPABILITIES:
+        if cap.kind == kind and cap.check is not None:
+            msg = cap.check(ctx, caps)
+            if msg:
+                out.append((cap.field, msg))
+    return out
