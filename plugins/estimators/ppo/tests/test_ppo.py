@@ -240,3 +240,9 @@ def test_cli_refuses_async_ppo_naming_capability_and_fix():
     out = res.output
     assert "estimator 'ppo'" in out and "[sync_only]" in out and "--max-staleness 1" in out
     assert "[supports_fully_async]" in out and "fix:" in out and "--max-staleness 0" in out
+
+
+def test_contract():
+    from relax_core.testing import check_contract
+
+    check_contract(SPEC)

@@ -176,3 +176,9 @@ def test_cli_refuses_without_normalize_advantages_naming_capability_and_fix():
     assert res.exit_code == 2
     for cap in ("[requires_reward_side_kl]", "[forbids_per_token_loss]", "[forbids_kl_loss]"):
         assert cap in res.output
+
+
+def test_contract():
+    from relax_core.testing import check_contract
+
+    check_contract(SPEC)

@@ -130,3 +130,9 @@ def test_cli_refuses_group_of_one_naming_capability_and_fix():
     assert res.exit_code == 2
     for cap in ("[required_kl_loss_type]", "[uses_reward_side_kl]", "[requires_rewards_normalization]"):
         assert cap in res.output
+
+
+def test_contract():
+    from relax_core.testing import check_contract
+
+    check_contract(SPEC)
