@@ -61,3 +61,8 @@ def build_needs_url(params, config):
     if not getattr(config, "rm_url", None):
         raise ValueError("needs --rm-url")
     return exact
+
+
+def echo_prompt(response, label, metadata):
+    """1 if the prompt the scorer sees is the label."""
+    return float(metadata.get("prompt") == label)

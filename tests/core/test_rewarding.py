@@ -175,3 +175,9 @@ def test_real_scorers_through_the_pool():
     rewards, stats = score_batch(scorer, responses, labels, meta, timeout=10, num_workers=2)
     assert rewards == [1.0, 1.0, 1.0, 0.0, None]
     assert stats == {"reward_errors": 0, "reward_timeouts": 0}
+
+
+def test_prompts_reach_the_scorer_as_metadata():
+    rewards, _ = score_batch(toys.echo_prompt, ["r", "r"], ["p0", "x"], [{"a": 1}, None], prompts=["p0", "p1"],
+                             timeout=5, num_workers=1)
+    assert rewards == [1.0, 0.0]
