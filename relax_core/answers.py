@@ -87,7 +87,7 @@ def gsm8k_final(text: str) -> str | None:
 def strip_math(answer: str) -> str:
     """Remove what wraps a final answer: ``$...$``, ``\\(...\\)``, ``\\[...\\]``,
     ``\\text{...}`` around the whole answer and a trailing full stop."""
-    s = answer.strip()
+    s = answer.strip().rstrip(".").strip()
     for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right):
             s = s[len(left):len(s) - len(right)].strip()
