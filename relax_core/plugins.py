@@ -134,13 +134,16 @@ def _check_hooks(pm: pluggy.PluginManager, plugin: Any) -> list[str]:
         if not attr.startswith("relax_"):
             continue
         marked = pm.parse_hookimpl_opts(plugin, attr) is not None
-        close = difflib.get_close_matches(attr, valid, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close and close[0] != attr else ""
         if marked and attr not in hookspecs.HOOK_KINDS:
-            bad.append(f"unknown hook '{attr}'{hint}")
+            bad.append(f"unknown hook '{attr}'{_did_you_mean(attr, valid)}")
         elif not marked and attr.startswith("relax_register_") and callable(getattr(plugin, attr, None)):
-            bad.append(f"'{attr}' is not marked with @relax_core.hookimpl{hint}")
+            bad.append(f"'{attr}' is not marked with @relax_core.hookimpl{_did_you_mean(attr, valid)}")
     return bad
+
+
+def _did_you_mean(name: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(name, valid, n=1)
+    return f" (did you mean '{close[0]}'?)" if close and close[0] != name else ""
 
 
 def _spec_problems(spec: ComponentSpec, kind: str) -> list[str]:
