@@ -140,3 +140,13 @@ def test_build_needs_an_http_url():
 def test_registration():
     (spec,) = relax_register_reward_scorers()
     assert spec.name == "remote" and spec.params is RemoteParams
+
+
+def test_contract():
+    from relax_core.config import RunConfig
+    from relax_core.testing import check_contract
+
+    (spec,) = relax_register_reward_scorers()
+    with _Server([(200, {"reward": 0.0}, 0)]) as srv:
+        check_contract(spec, config=RunConfig(rm_url=srv.url, plugin_params={"remote": RemoteParams()}))
+        assert srv.requests  # the kit's cases reached the server

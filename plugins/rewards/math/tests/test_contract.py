@@ -1,0 +1,16 @@
+"""relax-math against the plugin contract kit."""
+
+import pytest
+
+from relax_core.testing import check_contract
+from relax_math.plugin import MathParams, relax_register_reward_scorers
+
+
+@pytest.mark.parametrize("spec", relax_register_reward_scorers(), ids=lambda s: s.name)
+def test_contract(spec):
+    check_contract(spec)
+
+
+def test_contract_anchors_format():
+    (math_spec,) = [s for s in relax_register_reward_scorers() if s.name == "math"]
+    check_contract(math_spec, MathParams(answer_format="anchors"))
