@@ -103,3 +103,9 @@ def test_capabilities_and_recommendation_shown():
     reg = default_registry()
     cfg = build_config(cli={"advantage_estimator": "cispo", "kl_coef": 0.1}, param_schemas=reg.param_schemas())
     assert "uses_reward_side_kl" in [p.constraint for p in resolve(cfg, reg)[1]]
+
+
+def test_contract():
+    from relax_core.testing import check_contract
+
+    check_contract(_spec())

@@ -161,3 +161,15 @@ def test_startup_refuses_kl_coef_and_groups_of_one():
     probs = _problems(advantage_estimator="grpo", n_samples_per_prompt=1)
     assert [p.constraint for p in probs] == ["min_group_size"]
     assert _problems(advantage_estimator="grpo") == []
+
+
+def test_contract():
+    from relax_core.testing import check_contract
+
+    check_contract(_spec())
+
+
+def test_contract_reinforce_option():
+    from relax_core.testing import check_contract
+
+    check_contract(_spec(), _spec().params(pg_loss_type="reinforce"))

@@ -89,3 +89,9 @@ def test_capabilities_and_cp_refusal():
                        param_schemas=reg.param_schemas())
     est = {p.constraint for p in resolve(cfg, reg)[1] if p.component.startswith("estimator")}
     assert est == {"supports_context_parallel", "forbids_per_token_loss"}
+
+
+def test_contract():
+    from relax_core.testing import check_contract
+
+    check_contract(_spec())

@@ -248,3 +248,11 @@ def test_global_scope_is_context_parallel_invariant(tmp_path):
         torch.testing.assert_close(r["part_grad"], r["full_grad"])
         assert r["part_s"] == pytest.approx(r["full_s"])
     assert res[0]["full_s"]["m2po_eps_low"] < 1.0  # the band was constrained in this case
+
+
+@pytest.mark.parametrize("scope", ["local", "global"])
+def test_contract(scope):
+    from relax_core.testing import check_contract
+
+    spec = _spec()
+    check_contract(spec, spec.params(stat_scope=scope))

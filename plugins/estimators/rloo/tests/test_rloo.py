@@ -120,3 +120,9 @@ def test_startup_refusals():
     assert _problems(use_kl_loss=True, kl_loss_coef=0.01) == []
     # one update per rollout: global batch must equal rollout_batch_size × n
     assert [p.constraint for p in _problems(global_batch_size=16)] == ["sync_only"]
+
+
+def test_contract():
+    from relax_core.testing import check_contract
+
+    check_contract(_spec())

@@ -98,3 +98,9 @@ def test_advantages_as_grpo_all_equal_group_zero():
                          loss_mask=torch.ones(3, 2, dtype=torch.bool))
     out = _build().compute_advantages(inp)
     assert (out.advantages == 0).all() and out.metrics["rollout/zero_std_group_frac"] == 1.0
+
+
+def test_contract():
+    from relax_core.testing import check_contract
+
+    check_contract(_spec())
