@@ -264,3 +264,38 @@ def test_contract():
     from relax_score_centering.plugin import relax_register_corrections
 
     testing.check_contract(relax_register_corrections()[0])
+
+
+def _train(tmp_path, *args, moe=False):
+    """A 2-step run of the real loop (hf engine, torch backend) on a tiny random model."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from relax_core.models import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "model", moe=moe)
+    res = CliRunner().invoke(app, [
+        "train", "--model", str(model), "--num-rollout", "2", "--rollout-batch-size", "2",
+        "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6", "--output-dir", str(tmp_path / "runs"),
+        "--run-name", "r", "--quiet", "--wandb-mode", "disabled", "--no-save-hf",
+        "--save-debug-rollout-data", str(tmp_path / "rollouts"), *args])
+    assert res.exit_code == 0, res.output
+    lines = (tmp_path / "runs" / "r" / "metrics.jsonl").read_text().splitlines()
+    steps = [m for m in map(json.loads, lines) if "train/loss" in m]
+    assert len(steps) == 2
+    return steps
+
+
+@pytest.mark.slow
+def test_two_step_training_run(tmp_path):
+    from safetensors.torch import load_file
+
+    steps = _train(tmp_path, "--correction", "score_centering", "--correction", "tis", "--advantage-estimator",
+                   "grpo", "--pg-loss-type", "reinforce", "--score-centering-top-k", "8")
+    for m in steps:
+        assert 0 < m["train/sc_sampler_head_mass"] <= 1 and 0 < m["train/sc_train_head_mass"] <= 1
+        assert m["train/sc_sampler_head_mass"] == pytest.approx(m["train/sc_train_head_mass"], rel=1e-3)
+    batch = load_file(str(tmp_path / "rollouts" / "step_000001.safetensors"))
+    assert batch["top_k_ids"].shape[-1] == 8 and batch["top_k_log_probs"].shape == batch["top_k_ids"].shape

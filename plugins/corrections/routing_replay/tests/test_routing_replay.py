@@ -1,0 +1,95 @@
+"""routing_replay (R3): identity on the loss, capabilities, startup refusal for a dense
+model, and a 2-step run on a tiny Qwen3-MoE whose rollout records routes.  The record and
+replay mechanics are tested in tests/core/test_routing.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from relax_core.contracts import CorrectionInput
+from relax_routing_replay.plugin import relax_register_corrections
+from relax_routing_replay.routing_replay import build
+
+
+def test_apply_returns_the_loss_unchanged():
+    lp = torch.randn(2, 3, requires_grad=True)
+    loss = -lp * 2
+    out = build(None, None).apply(CorrectionInput(
+        loss=loss, log_probs=lp, old_log_probs=lp.detach(), advantages=torch.ones(2, 3),
+        loss_mask=torch.ones(2, 3, dtype=torch.bool), policy_loss_kind="ppo_clip"))
+    assert out.loss is loss and not out.token_metrics
+
+
+def test_capabilities():
+    caps = relax_register_corrections()[0].capabilities_for()
+    assert caps.needs_moe_model and caps.needs_routed_experts and "*" in caps.compatible_policy_loss_kinds
+
+
+def _dry_run(*args):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    return CliRunner().invoke(app, ["train", "--dry-run", "--correction", "routing_replay", *args])
+
+
+def test_dense_model_refused_moe_accepted(tmp_path):
+    res = _dry_run()  # the default model (SmolLM2) is dense
+    assert res.exit_code == 2
+    assert "correction 'routing_replay'" in res.output and "[needs_moe_model]" in res.output
+    assert "dense" in res.output and "fix:" in res.output
+    moe = tmp_path / "moe"
+    moe.mkdir()
+    (moe / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 4}))
+    res = _dry_run("--model", str(moe))
+    assert res.exit_code == 0, res.output
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert _dry_run("--model", str(dense)).exit_code == 2
+
+
+def test_contract():
+    testing = pytest.importorskip("relax_core.testing")
+    if not hasattr(testing, "check_contract"):
+        pytest.skip("relax_core.testing.check_contract not available yet")
+    testing.check_contract(relax_register_corrections()[0])
+
+
+def _train(tmp_path, *args, moe=False):
+    """A 2-step run of the real loop (hf engine, torch backend) on a tiny random model."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from relax_core.models import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "model", moe=moe)
+    res = CliRunner().invoke(app, [
+        "train", "--model", str(model), "--num-rollout", "2", "--rollout-batch-size", "2",
+        "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6", "--output-dir", str(tmp_path / "runs"),
+        "--run-name", "r", "--quiet", "--wandb-mode", "disabled", "--no-save-hf",
+        "--save-debug-rollout-data", str(tmp_path / "rollouts"), *args])
+    assert res.exit_code == 0, res.output
+    lines = (tmp_path / "runs" / "r" / "metrics.jsonl").read_text().splitlines()
+    steps = [m for m in map(json.loads, lines) if "train/loss" in m]
+    assert len(steps) == 2
+    return steps
+
+
+@pytest.mark.slow
+def test_two_step_training_run(tmp_path):
+    from safetensors.torch import load_file
+
+    _train(tmp_path, "--correction", "routing_replay", moe=True)
+    batch = load_file(str(tmp_path / "rollouts" / "step_000001.safetensors"))
+    routes, mask = batch["routed_experts"], batch["loss_mask"].bool()
+    assert routes.shape[:2] == mask.shape and routes.shape[2:] == (2, 2)  # [B, T, L=2, E=2]
+    assert ((routes[mask] >= 0) & (routes[mask] < 4)).all()
+    lengths = batch["response_lengths"]
+    beyond = torch.arange(routes.shape[1])[None] >= lengths[:, None]
+    assert (routes[beyond] == -1).all()
