@@ -116,13 +116,16 @@ def plugins(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
     from rich.console import Console
     from rich.table import Table
 
+    import os
+
     table = Table(title="relax plugins")
-    for col in ("plugin", "distribution", "version", "status", "components"):
+    for col in ("plugin", "distribution", "version", "status", "components", "path"):
         table.add_column(col)
     for p in reg.plugins:
         comps = ", ".join(f"{n} ({k})" for k, n in p.components)
         status = p.status if p.status != "error" else f"error: {p.error}"
-        table.add_row(p.name, p.dist, p.version, status, comps)
+        path = os.path.relpath(p.path) if p.path and not os.path.relpath(p.path).startswith("..") else (p.path or "")
+        table.add_row(p.name, p.dist, p.version, status, comps, path)
     console = Console()
     console.print(table)
     for prob in reg.problems:
