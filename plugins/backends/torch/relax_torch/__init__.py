@@ -1,0 +1,1 @@
+"""relax-torch: the default training backend (plain PyTorch over transformers models)."""

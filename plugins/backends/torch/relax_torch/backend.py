@@ -1,0 +1,470 @@
+"""The ``torch`` training backend: plain PyTorch forward/backward/AdamW over a
+transformers causal LM (actor), a frozen reference model and a critic (value head).
+
+Sequences.  Sample ``i`` is ``[left-padded prompt_i | response_i]``: prompts are
+left-padded to the micro-batch's longest prompt ``P``, responses keep their right padding,
+cut at the last ``loss_mask`` column of the micro-batch.  Position ids count real tokens
+only.  The hidden state at index ``P - 1 + t`` predicts response token ``t``; log-probs,
+entropy, top-k log-probs and critic values are all aligned that way (``[b, T]``), and are
+computed only at ``loss_mask`` positions (0 elsewhere).
+
+Log-probs are taken at the rollout temperature, ``log softmax(z / τ)`` with
+``τ = --rollout-temperature`` (1 when it is 0, greedy), over the full vocabulary, in float32
+(float64 for float64 weights), chunked over tokens (:mod:`relax_torch.logprobs`), so that
+they are comparable with the engine's ``log q``; top-p/top-k truncation is not applied
+(the trainer's policy is the untruncated softmax).  Critic values use no temperature.
+
+Optimisation.  ``train_step`` splits the batch into micro-batches (``--micro-batch-size``
+samples, or packing consecutive samples while ``b × (P + T) <= --max-tokens-per-micro-batch``
+padded tokens), sums ``loss_fn``'s micro-batch losses in backward (they are already scaled by
+the global denominators), all-reduces (sums) gradients over data-parallel ranks when
+``torch.distributed`` is initialised, clips the global gradient norm (``--clip-grad``), and
+steps AdamW (``--lr`` with linear warm-up over ``--lr-warmup-steps`` optimizer steps,
+``--weight-decay``).  A non-finite loss, metric or gradient norm on any rank skips the step
+(``skipped = 1``; ``nonfinite/<name> = 1`` for each offender).  ``--bf16``: bfloat16 autocast
+with float32 master weights and a float32 log-softmax.  ``--gradient-checkpointing``:
+transformers' activation recomputation.  Dropout is disabled in every model (the old,
+rollout and training forwards must be the same function).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from relax_core.contracts import ForwardOutput, TrainBatch
+from relax_core.models import load_model, load_state_dict_, load_tokenizer
+from relax_torch.logprobs import token_log_probs
+
+ROLES = ("actor", "ref", "critic")
+
+
+def build(params: Any, config: Any) -> "TorchBackend":
+    """Factory of the ``torch`` backend: ``(TorchBackendParams, RunConfig) -> TorchBackend``."""
+    return TorchBackend(params, config)
+
+
+def _disable_dropout(model: nn.Module) -> None:
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+        for attr in ("attention_dropout", "dropout", "hidden_dropout"):
+            if isinstance(getattr(m, attr, None), float):
+                setattr(m, attr, 0.0)
+
+
+class Critic(nn.Module):
+    """Value model: a causal LM's backbone and a scalar head ``V(s_t) = w·h_t + c``
+    (initialised to zero, so the first values are 0)."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1, dtype=next(backbone.parameters()).dtype)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+
+class TorchBackend:
+    """See the module docstring.  Roles: ``actor`` (trained), ``ref`` (frozen, built by
+    :meth:`setup`), ``critic`` (trained, built by :meth:`setup`).
+
+    Attributes:
+        tokenizer: the model's tokenizer (pad id, ``save_hf``).
+        models: role -> module (``actor``: the causal LM; ``critic``: :class:`Critic`).
+        steps: role -> optimizer steps taken (drives the warm-up).
+    """
+
+    def __init__(self, params: Any, config: Any):
+        self.cfg = config
+        self.params = params
+        dev = config.device
+        self.device = torch.device("cuda" if dev == "auto" and torch.cuda.is_available() else
+                                   "cpu" if dev == "auto" else dev)
+        self.dtype = {"float32": torch.float32, "float64": torch.float64}[params.dtype]
+        self.temperature = config.rollout_temperature if config.rollout_temperature > 0 else 1.0
+        self.tokenizer = load_tokenizer(config.model)
+        self.pad_token_id = self.tokenizer.pad_token_id
+        actor = self._load(config.model)
+        if config.gradient_checkpointing:
+            actor.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.models: dict[str, nn.Module] = {"actor": actor}
+        self.optimizers: dict[str, torch.optim.Optimizer] = {"actor": self._adamw(actor, config.lr)}
+        self.base_lr: dict[str, float] = {"actor": config.lr}
+        self.steps: dict[str, int] = {"actor": 0}
+        self.needs_top_k = False
+        self.routing_replay = False
+
+    # ------------------------------------------------------------------ setup
+    def _load(self, path: str) -> nn.Module:
+        m = load_model(path, dtype=self.dtype, device=self.device)
+        _disable_dropout(m)
+        self._check_head(m)
+        return m
+
+    @staticmethod
+    def _check_head(model: nn.Module) -> None:
+        """Refuse models whose logits are not ``lm_head(final hidden)`` (soft-capping,
+        logit scaling...): the chunked log-softmax relies on it."""
+        ids = torch.tensor([[1, 2, 3]], device=next(model.parameters()).device)
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+            h = model.base_model(input_ids=ids).last_hidden_state
+            mine = model.get_output_embeddings()(h)
+        if not torch.allclose(logits.float(), mine.float(), atol=1e-4, rtol=1e-4):
+            raise NotImplementedError(f"{type(model).__name__}: logits are not the output embedding of the final "
+                                      "hidden states (soft-capping or scaling); the torch backend cannot train it")
+
+    def _adamw(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+        p = self.params
+        return torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=lr,
+                                 betas=(p.adam_beta1, p.adam_beta2), eps=p.adam_eps,
+                                 weight_decay=self.cfg.weight_decay)
+
+    def setup(self, *, needs_ref: bool = False, needs_critic: bool = False, needs_top_k: bool = False,
+              routing_replay: bool = False, critic_settings: Any = None) -> None:
+        """Build the roles the run needs (call once, before training).
+
+        Args:
+            needs_ref: build the frozen reference model from ``--ref-load`` or, by default,
+                from ``--model`` (the initial weights, whatever the actor has become).
+            needs_critic: build the critic: ``critic_settings.load`` (a model directory,
+                optionally with ``value_head.safetensors``) or a copy of the initial
+                backbone with a zero value head; learning rate ``critic_settings.lr``
+                (default ``--lr``).
+            needs_top_k: compute log-probs at ``tensors['top_k_ids']`` in ``train_step``.
+            routing_replay: replay ``tensors['routed_experts']`` in actor and reference
+                forwards (:mod:`relax_core.routing`).
+        """
+        self.needs_top_k = needs_top_k
+        self.routing_replay = routing_replay
+        if needs_ref and "ref" not in self.models:
+            ref = self._load(self.cfg.ref_load or self.cfg.model)
+            ref.requires_grad_(False)
+            self.models["ref"] = ref
+        if needs_critic and "critic" not in self.models:
+            load = getattr(critic_settings, "load", None)
+            lm = self._load(load or self.cfg.model)
+            critic = Critic(lm.base_model, lm.config.hidden_size).to(self.device)
+            head = Path(load) / "value_head.safetensors" if load else None
+            if head is not None and head.is_file():
+                from safetensors.torch import load_file
+
+                load_state_dict_(critic.value_head, load_file(str(head)))
+            if self.cfg.gradient_checkpointing:
+                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            lr = getattr(critic_settings, "lr", None) or self.cfg.lr
+            self.models["critic"] = critic
+            self.optimizers["critic"] = self._adamw(critic, lr)
+            self.base_lr["critic"] = lr
+            self.steps["critic"] = 0
+
+    def _model(self, role: str) -> nn.Module:
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; expected one of {ROLES}")
+        if role not in self.models:
+            raise RuntimeError(f"role {role!r} was not built: call setup(needs_{role}=True) first")
+        return self.models[role]
+
+    # ------------------------------------------------------------------ micro-batches
+    def micro_batches(self, batch: TrainBatch) -> list[tuple[int, int]]:
+        """Consecutive ``[lo, hi)`` sample ranges: ``--micro-batch-size`` samples, else
+        packed to ``--max-tokens-per-micro-batch`` padded tokens (at least one sample
+        each), else the whole batch."""
+        n = batch.size
+        if self.cfg.micro_batch_size:
+            m = self.cfg.micro_batch_size
+            return [(i, min(n, i + m)) for i in range(0, n, m)]
+        budget = self.cfg.max_tokens_per_micro_batch
+        if not budget:
+            return [(0, n)] if n else []
+        t_last = _last_column(batch.loss_mask)  # [B] response columns needed
+        out, lo, p_max, t_max = [], 0, 0, 0
+        for i in range(n):
+            p, t = max(p_max, len(batch.prompt_ids[i])), max(t_max, int(t_last[i]))
+            if i > lo and (i - lo + 1) * (p + t) > budget:
+                out.append((lo, i))
+                lo, p, t = i, len(batch.prompt_ids[i]), int(t_last[i])
+            p_max, t_max = p, t
+        out.append((lo, n))
+        return out
+
+    # ------------------------------------------------------------------ forward
+    def _inputs(self, mb: TrainBatch) -> tuple[Tensor, Tensor, Tensor, int, int]:
+        """(input_ids, attention_mask, position_ids, P, T') of ``[prompt | response[:, :T']]``."""
+        mask = mb.loss_mask.bool()
+        t_eff = int(_last_column(mask).max()) if mask.numel() else 0
+        resp = mb.response_ids[:, :t_eff].long()
+        vocab = self.models["actor"].config.vocab_size
+        in_range = (resp >= 0) & (resp < vocab)
+        if not in_range[mask[:, :t_eff]].all():
+            raise ValueError(f"response token ids outside the vocabulary [0, {vocab}) at loss_mask positions")
+        resp = torch.where(in_range, resp, self.pad_token_id)
+        b, p = mb.size, max((len(x) for x in mb.prompt_ids), default=0)
+        if any(len(x) == 0 for x in mb.prompt_ids):
+            raise ValueError("empty prompt: every sample needs at least one prompt token")
+        ids = torch.full((b, p + t_eff), self.pad_token_id, dtype=torch.long)
+        attn = torch.ones((b, p + t_eff), dtype=torch.long)
+        for i, x in enumerate(mb.prompt_ids):
+            ids[i, p - len(x): p] = torch.as_tensor(x, dtype=torch.long)
+            attn[i, : p - len(x)] = 0
+        ids[:, p:] = resp
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        return ids.to(self.device), attn.to(self.device), pos.to(self.device), p, t_eff
+
+    def _replay(self, role: str, mb: TrainBatch, p: int, t_eff: int):
+        """Routing-replay context for an actor/ref forward of ``mb`` (or a null context)."""
+        routed = mb.tensors.get("routed_experts")
+        if not (self.routing_replay and role in ("actor", "ref") and routed is not None):
+            return contextlib.nullcontext()
+        from relax_core.routing import replay_routes
+
+        positions = (p - 1 + torch.arange(t_eff))[None, :].expand(mb.size, t_eff)
+        return replay_routes(self.models[role], routed[:, :t_eff].to(self.device), positions.to(self.device))
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bool(self.cfg.bf16))
+
+    def _forward_mb(self, mb: TrainBatch, inputs: tuple, role: str, entropy: bool, top_k: bool) -> ForwardOutput:
+        """Forward of one micro-batch (``inputs`` from :meth:`_inputs`); grad follows the
+        caller's grad mode.  Runs inside :meth:`_replay` of the same micro-batch."""
+        model = self._model(role)
+        ids, attn, pos, p, t_eff = inputs
+        b, t = mb.response_ids.shape
+        backbone = model.backbone if role == "critic" else model.base_model
+        with self._autocast():
+            hidden = backbone(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+        h = hidden[:, p - 1: p - 1 + t_eff]  # [b, T', H] predicts response tokens 0..T'-1
+        sel = mb.loss_mask[:, :t_eff].bool().to(self.device)  # [b, T']
+        rows = h[sel]  # [N, H]
+
+        def scatter(x: Tensor) -> Tensor:  # [N, ...] -> [b, T, ...] with zeros off-mask
+            full = x.new_zeros((b, t, *x.shape[1:]))
+            return full.index_put(sel.nonzero(as_tuple=True), x)
+
+        if role == "critic":
+            v = model.value_head(rows.to(model.value_head.weight.dtype)).squeeze(-1).float()
+            return ForwardOutput(log_probs=None, values=scatter(v))
+        head = model.get_output_embeddings()
+        targets = ids[:, p:][sel]  # [N]
+        top_ids = None
+        if top_k:
+            if "top_k_ids" not in mb.tensors:
+                raise KeyError("top-k log-probs asked but the batch has no tensors['top_k_ids']")
+            top_ids = mb.tensors["top_k_ids"][:, :t_eff].to(self.device)[sel].long()
+        lp, ent, top = token_log_probs(rows, head.weight, targets, bias=head.bias, temperature=self.temperature,
+                                       top_ids=top_ids, entropy=entropy, chunk=self.params.logits_chunk_size)
+        return ForwardOutput(log_probs=scatter(lp), entropy=None if ent is None else scatter(ent),
+                             top_k_log_probs=None if top is None else scatter(top))
+
+    def forward(self, batch: TrainBatch, *, role: str = "actor", entropy: bool = False,
+                top_k: bool = False) -> ForwardOutput:
+        """No-grad forward of a whole batch (old log-probs, reference log-probs, values).
+
+        Returns:
+            :class:`~relax_core.contracts.ForwardOutput` with ``[B, T]`` float32 tensors
+            (``log_probs``, ``entropy`` if asked, ``top_k_log_probs`` ``[B, T, k]`` if asked,
+            ``values`` for the critic, whose ``log_probs`` is ``None``); 0 off ``loss_mask``.
+
+        Raises:
+            ValueError: unknown role; RuntimeError: role not built by :meth:`setup`.
+        """
+        model = self._model(role)
+        model.eval()
+        outs = []
+        with torch.no_grad():
+            for lo, hi in self.micro_batches(batch):
+                mb = _slice(batch, lo, hi)
+                inputs = self._inputs(mb)
+                with self._replay(role, mb, *inputs[3:]):
+                    outs.append(self._forward_mb(mb, inputs, role, entropy, top_k))
+
+        def cat(name: str) -> Tensor | None:
+            xs = [getattr(o, name) for o in outs]
+            return None if not xs or xs[0] is None else torch.cat(xs).cpu()
+
+        if not outs:
+            z = torch.zeros(tuple(batch.response_ids.shape))
+            return ForwardOutput(log_probs=None if role == "critic" else z, values=z if role == "critic" else None)
+        return ForwardOutput(log_probs=cat("log_probs"), entropy=cat("entropy"),
+                             top_k_log_probs=cat("top_k_log_probs"), values=cat("values"))
+
+    # ------------------------------------------------------------------ training
+    def lr(self, role: str = "actor") -> float:
+        """Learning rate of the next optimizer step: linear warm-up over
+        ``--lr-warmup-steps`` steps (``lr · (s+1)/W`` for step ``s < W``), then constant."""
+        w, s = self.cfg.lr_warmup_steps, self.steps[role]
+        return self.base_lr[role] * (min(1.0, (s + 1) / w) if w > 0 else 1.0)
+
+    def accumulate_gradients(self, batch: TrainBatch, loss_fn: Any, *, role: str = "actor") -> dict[str, Any]:
+        """Forward and backward of every micro-batch of ``batch``, leaving the summed
+        gradients in ``.grad`` (all-reduced over data-parallel ranks); no optimizer step.
+
+        ``loss_fn(micro_batch, forward_output) -> (loss, metrics)``: ``loss`` is a scalar
+        already divided by the global denominators, so backward simply sums the
+        micro-batches.  Optional attributes of ``loss_fn``: ``needs_entropy`` (default
+        ``True``) and ``needs_top_k`` (default: ``setup(needs_top_k=...)``).  A micro-batch
+        with a non-finite loss is not backpropagated.
+
+        Returns:
+            ``{"sums": loss and metrics summed over micro-batches, "bad": names of
+            non-finite values (on any rank: ``other_rank``), "micro_batches": count}``.
+        """
+        if role not in ("actor", "critic"):
+            raise ValueError(f"train role must be 'actor' or 'critic', got {role!r}")
+        model = self._model(role)
+        entropy = bool(getattr(loss_fn, "needs_entropy", True)) and role == "actor"
+        top_k = bool(getattr(loss_fn, "needs_top_k", self.needs_top_k)) and role == "actor"
+        bounds = self.micro_batches(batch)
+        sums: dict[str, float] = {"loss": 0.0}
+        bad: set[str] = set()
+        model.train()
+        try:
+            for lo, hi in bounds:
+                mb = _slice(batch, lo, hi)
+                inputs = self._inputs(mb)
+                with self._replay(role, mb, *inputs[3:]):  # open through backward (recomputation replays too)
+                    out = self._forward_mb(mb, inputs, role, entropy, top_k)
+                    loss, metrics = loss_fn(mb, out)
+                    value = float(loss.detach())
+                    sums["loss"] += value
+                    for k, v in metrics.items():
+                        if k != "loss":
+                            sums[k] = sums.get(k, 0.0) + float(v)
+                        if not math.isfinite(float(v)):
+                            bad.add(k)
+                    if not math.isfinite(value):
+                        bad.add("loss")
+                    elif loss.requires_grad:  # (a loss_fn may return a constant for an all-masked micro-batch)
+                        loss.backward()
+        finally:
+            model.eval()
+        params = [q for q in model.parameters() if q.requires_grad]
+        for q in params:
+            if q.grad is None:
+                q.grad = torch.zeros_like(q)
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            for q in params:
+                dist.all_reduce(q.grad)  # sum: the losses carry global denominators
+            flag = torch.tensor([float(bool(bad))], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() and not bad:
+                bad.add("other_rank")
+        return {"sums": sums, "bad": bad, "micro_batches": len(bounds)}
+
+    def train_step(self, batch: TrainBatch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]:
+        """One optimizer step of ``role`` (``actor`` or ``critic``) on ``batch``
+        (:meth:`accumulate_gradients`, then clip and AdamW; skipped if anything is non-finite).
+
+        Returns:
+            ``loss`` (sum over micro-batches), each ``loss_fn`` metric summed over
+            micro-batches, ``grad_norm`` (global L2 norm before clipping, over all ranks),
+            ``lr`` (of this step), ``skipped`` (0/1), ``micro_batches``, and
+            ``nonfinite/<name>: 1`` for each non-finite loss, metric or gradient norm.
+        """
+        opt = self.optimizers.get(role)
+        if opt is None:
+            self._model(role)  # raises the right error
+            raise ValueError(f"role {role!r} is not trained")
+        opt.zero_grad(set_to_none=True)
+        acc = self.accumulate_gradients(batch, loss_fn, role=role)
+        bad = acc["bad"]
+        params = [q for g in opt.param_groups for q in g["params"]]
+        grad_norm = float(torch.nn.utils.get_total_norm([q.grad for q in params], norm_type=2.0))
+        if not math.isfinite(grad_norm):
+            bad.add("grad_norm")
+        lr = self.lr(role)
+        if not bad:
+            if self.cfg.clip_grad > 0:
+                torch.nn.utils.clip_grads_with_norm_(params, self.cfg.clip_grad, torch.tensor(grad_norm))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            opt.step()
+            self.steps[role] += 1
+        opt.zero_grad(set_to_none=True)
+        result = {**acc["sums"], "grad_norm": grad_norm, "lr": lr, "skipped": float(bool(bad)),
+                  "micro_batches": float(acc["micro_batches"])}
+        result.update({f"nonfinite/{k}": 1.0 for k in sorted(bad)})
+        return result
+
+    # ------------------------------------------------------------------ weights and checkpoints
+    def engine_state_dict(self) -> dict[str, Tensor]:
+        """The actor's weights with Hugging Face names (detached views of the live
+        parameters: copy them before the next ``train_step`` if you keep them)."""
+        return {k: v.detach() for k, v in self.models["actor"].state_dict().items()}
+
+    def save_checkpoint(self, path: str) -> None:
+        """Write ``path/`` with, per trained role, ``<role>.safetensors`` (weights),
+        ``<role>_optim.safetensors`` (AdamW moments and step counts) and
+        ``backend_state.json`` (optimizer hyper-parameters, step counts)."""
+        from safetensors.torch import save_file, save_model
+
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        state: dict[str, Any] = {"format": 1, "steps": self.steps, "param_groups": {}}
+        for role, opt in self.optimizers.items():
+            save_model(self.models[role], str(out / f"{role}.safetensors"))
+            sd = opt.state_dict()
+            tensors = {f"{i}.{k}": v.contiguous() for i, st in sd["state"].items() for k, v in st.items()
+                       if isinstance(v, Tensor)}
+            save_file(tensors, str(out / f"{role}_optim.safetensors"))
+            state["param_groups"][role] = sd["param_groups"]
+        (out / "backend_state.json").write_text(json.dumps(state, indent=1))
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (weights, optimizer, step counts).
+
+        Raises:
+            FileNotFoundError: missing files; KeyError/ValueError: a checkpoint of another
+                model or of other roles.
+        """
+        from safetensors.torch import load_file, load_model
+
+        src = Path(path)
+        state = json.loads((src / "backend_state.json").read_text())
+        if set(state["steps"]) != set(self.optimizers):
+            raise KeyError(f"checkpoint roles {sorted(state['steps'])} != this run's trained roles {sorted(self.optimizers)}")
+        for role, opt in self.optimizers.items():
+            load_model(self.models[role], str(src / f"{role}.safetensors"), device=str(self.device))
+            flat = load_file(str(src / f"{role}_optim.safetensors"), device=str(self.device))
+            per: dict[int, dict[str, Tensor]] = {}
+            for key, v in flat.items():
+                i, name = key.split(".", 1)
+                per.setdefault(int(i), {})[name] = v
+            opt.load_state_dict({"state": per, "param_groups": state["param_groups"][role]})
+            self.steps[role] = int(state["steps"][role])
+
+    def save_hf(self, path: str) -> None:
+        """Save the actor as a Hugging Face directory (loadable by
+        ``AutoModelForCausalLM.from_pretrained``), with the tokenizer; the critic, if
+        any, goes to ``path/critic`` (backbone + ``value_head.safetensors``)."""
+        from safetensors.torch import save_file
+
+        self.models["actor"].save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        if "critic" in self.models:
+            critic = self.models["critic"]
+            critic.backbone.save_pretrained(Path(path) / "critic")
+            save_file({k: v.contiguous() for k, v in critic.value_head.state_dict().items()},
+                      str(Path(path) / "critic" / "value_head.safetensors"))
+
+
+def _last_column(mask: Tensor) -> Tensor:
+    """long ``[B]``: 1 + index of the last True of each row of ``mask`` (0 if none)."""
+    t = mask.shape[1]
+    idx = torch.arange(1, t + 1, device=mask.device)
+    return (mask.bool() * idx).amax(1) if t else torch.zeros(mask.shape[0], dtype=torch.long)
+
+
+def _slice(batch: TrainBatch, lo: int, hi: int) -> TrainBatch:
+    if lo == 0 and hi == batch.size:
+        return batch
+    return TrainBatch(prompt_ids=batch.prompt_ids[lo:hi], response_ids=batch.response_ids[lo:hi],
+                      loss_mask=batch.loss_mask[lo:hi], tensors={k: v[lo:hi] for k, v in batch.tensors.items()})

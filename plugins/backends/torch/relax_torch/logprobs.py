@@ -1,0 +1,123 @@
+"""Token log-probabilities, entropy and top-k log-probs from hidden states, chunked over
+tokens so that the ``[N, V]`` logits never exist all at once (forward or backward).
+
+For hidden states ``h`` (``[N, H]``), the output embedding ``W`` (``[V, H]``, optional bias
+``c``) and an inverse temperature ``β = 1/τ``:
+
+    z = β (h Wᵀ + c)                      logits at temperature τ,        [N, V]
+    log p_y = z_y − logsumexp(z)          log-prob of the target token y, [N]
+    H = logsumexp(z) − Σ_v p_v z_v        entropy of p = softmax(z),      [N]
+    log p_v, v ∈ ids                      log-probs at given ids,         [N, k]
+
+The backward recomputes each chunk's logits and applies the analytic gradients
+
+    ∂ log p_y / ∂z_j = 1[j = y] − p_j
+    ∂ H / ∂z_j       = −p_j (z_j − Σ_v p_v z_v)
+
+then ``∂z/∂h = β W``, ``∂z/∂W = β h``, ``∂z/∂c = β``.  Memory is O(chunk × V) instead of
+O(N × V).  Computation is in float32 (float64 when the weights are float64) with autocast
+off, whatever the dtype of ``h``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _compute_dtype(h: Tensor, w: Tensor) -> torch.dtype:
+    return torch.promote_types(torch.promote_types(torch.float32, w.dtype), h.dtype)
+
+
+def _logits(h: Tensor, w: Tensor, b: Tensor | None, beta: float, dt: torch.dtype) -> Tensor:
+    z = h.to(dt) @ w.to(dt).T
+    if b is not None:
+        z = z + b.to(dt)
+    return z * beta
+
+
+class _TokenLogProbs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, w, b, targets, top_ids, beta, chunk, want_entropy):
+        dt = _compute_dtype(h, w)
+        n = h.shape[0]
+        logp = torch.empty(n, dtype=dt, device=h.device)
+        ent = torch.empty(n, dtype=dt, device=h.device) if want_entropy else None
+        top = torch.empty(tuple(top_ids.shape), dtype=dt, device=h.device) if top_ids is not None else None
+        with torch.autocast(h.device.type, enabled=False):
+            for s in range(0, n, chunk):
+                e = min(n, s + chunk)
+                z = _logits(h[s:e], w, b, beta, dt)  # [c, V]
+                lse = z.logsumexp(-1)  # [c]
+                logp[s:e] = z.gather(1, targets[s:e, None]).squeeze(1) - lse
+                if ent is not None:
+                    ent[s:e] = lse - (z.softmax(-1) * z).sum(-1)
+                if top is not None:
+                    top[s:e] = z.gather(1, top_ids[s:e]) - lse[:, None]
+        ctx.save_for_backward(h, w, b, targets, top_ids)
+        ctx.beta, ctx.chunk, ctx.dt = beta, chunk, dt
+        return logp, ent, top
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent, g_top):
+        h, w, b, targets, top_ids = ctx.saved_tensors
+        beta, chunk, dt = ctx.beta, ctx.chunk, ctx.dt
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        grad_h = torch.empty_like(h) if need_h else None
+        grad_w = torch.zeros(w.shape, dtype=dt, device=w.device) if need_w else None
+        grad_b = torch.zeros(b.shape, dtype=dt, device=b.device) if need_b and b is not None else None
+        with torch.autocast(h.device.type, enabled=False):
+            wd = w.to(dt)
+            for s in range(0, h.shape[0], chunk):
+                e = min(h.shape[0], s + chunk)
+                hc = h[s:e].to(dt)
+                z = _logits(h[s:e], w, b, beta, dt)  # [c, V]
+                p = z.softmax(-1)
+                coef = torch.zeros(e - s, dtype=dt, device=h.device)  # total weight of "−p" terms
+                gz = torch.zeros_like(z)
+                if g_logp is not None:
+                    g = g_logp[s:e].to(dt)
+                    coef += g
+                    gz.scatter_add_(1, targets[s:e, None], g[:, None])
+                if g_top is not None and top_ids is not None:
+                    g = g_top[s:e].to(dt)  # [c, k]
+                    coef += g.sum(-1)
+                    gz.scatter_add_(1, top_ids[s:e], g)
+                gz -= p * coef[:, None]
+                if g_ent is not None:
+                    ez = (p * z).sum(-1, keepdim=True)
+                    gz -= g_ent[s:e].to(dt)[:, None] * p * (z - ez)
+                gz *= beta
+                if need_h:
+                    grad_h[s:e] = (gz @ wd).to(h.dtype)
+                if need_w:
+                    grad_w += gz.T @ hc
+                if grad_b is not None:
+                    grad_b += gz.sum(0)
+        return (grad_h, None if grad_w is None else grad_w.to(w.dtype),
+                None if grad_b is None else grad_b.to(b.dtype), None, None, None, None, None)
+
+
+def token_log_probs(hidden: Tensor, weight: Tensor, targets: Tensor, *, bias: Tensor | None = None,
+                    temperature: float = 1.0, top_ids: Tensor | None = None, entropy: bool = False,
+                    chunk: int = 512) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Log-probs of ``targets`` (and optionally entropy and log-probs at ``top_ids``)
+    under ``softmax((hidden @ weightᵀ + bias) / temperature)``, full vocabulary.
+
+    Args:
+        hidden: ``[N, H]`` final hidden states (any float dtype; may require grad).
+        weight: ``[V, H]`` output embedding (may require grad; float32 or float64).
+        targets: long ``[N]`` token ids in ``[0, V)``.
+        bias: optional ``[V]``.
+        temperature: τ > 0.
+        top_ids: optional long ``[N, k]`` ids at which to return log-probs.
+        entropy: also return the entropy (nats).
+        chunk: tokens per chunk (memory O(chunk × V)).
+
+    Returns:
+        ``(log_probs [N], entropy [N] or None, top_log_probs [N, k] or None)`` in float32
+        (float64 for float64 weights), differentiable in ``hidden``, ``weight`` and ``bias``.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return _TokenLogProbs.apply(hidden, weight, bias, targets, top_ids, 1.0 / temperature, int(chunk), bool(entropy))

@@ -1,0 +1,36 @@
+"""Hook implementations of relax-torch (registration only; nothing heavy imported)."""
+
+from dataclasses import dataclass
+
+from relax_core import BackendCapabilities, BackendSpec, hookimpl, param
+
+
+@dataclass(frozen=True)
+class TorchBackendParams:
+    dtype: str = param("float32", "Master weight dtype (float64 for numerical checks; --bf16 adds bfloat16 autocast).",
+                       flag="--torch-dtype", choices=("float32", "float64"))
+    logits_chunk_size: int = param(512, "Tokens per chunk of the full-vocabulary log-softmax (memory ~ chunk × vocab).",
+                                   flag="--torch-logits-chunk-size", unit="tokens", ge=1)
+    adam_beta1: float = param(0.9, "AdamW β1.", flag="--adam-beta1", ge=0, lt=1)
+    adam_beta2: float = param(0.999, "AdamW β2.", flag="--adam-beta2", ge=0, lt=1)
+    adam_eps: float = param(1e-8, "AdamW ε.", flag="--adam-eps", gt=0)
+
+
+@hookimpl
+def relax_register_train_backends():
+    return [BackendSpec(
+        name="torch",
+        summary="Plain PyTorch: actor, frozen reference and critic; AdamW, micro-batches, gradient accumulation, "
+                "data parallel over torch.distributed.",
+        source="AdamW: Loshchilov & Hutter 2019; PPO actor/critic: Schulman et al. 2017",
+        factory="relax_torch.backend:build",
+        params=TorchBackendParams,
+        capabilities=BackendCapabilities(
+            devices=frozenset({"cpu", "cuda"}),
+            supports_data_parallel=True,
+            supports_critic=True,
+            supports_routing_replay=True,
+            supports_top_k_log_probs=True,
+            supports_gradient_checkpointing=True,
+        ),
+    )]

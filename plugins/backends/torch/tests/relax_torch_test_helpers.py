@@ -1,0 +1,64 @@
+"""Shared builders for the torch backend tests."""
+
+import torch
+
+from relax_core.config import RunConfig
+from relax_core.contracts import TrainBatch
+from relax_torch.backend import TorchBackend
+from relax_torch.plugin import TorchBackendParams
+
+
+def make_backend(model_dir, dtype="float64", **cfg):
+    cfg.setdefault("lr", 1e-3)
+    return TorchBackend(TorchBackendParams(dtype=dtype, logits_chunk_size=7), RunConfig(model=str(model_dir), **cfg))
+
+
+def make_batch(seed=0, b=5, t=6, vocab=49152, k=3):
+    """Variable prompt and response lengths; garbage (1e9 ids, NaN floats) off the mask;
+    one sample with an empty response (all-masked)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 1000, (int(n),), generator=g).tolist()
+               for n in torch.randint(1, 9, (b,), generator=g)]
+    lengths = torch.randint(1, t + 1, (b,), generator=g)
+    lengths[min(2, b - 1)] = 0
+    lengths[0] = t
+    mask = torch.arange(t)[None, :] < lengths[:, None]
+    resp = torch.randint(3, 1000, (b, t), generator=g)
+    resp = torch.where(mask, resp, 10**9)
+    adv = torch.where(mask, torch.randn(b, t, generator=g, dtype=torch.float64), float("nan"))
+    top = torch.randint(0, vocab, (b, t, k), generator=g)
+    return TrainBatch(prompt_ids=prompts, response_ids=resp, loss_mask=mask,
+                      tensors={"advantages": adv, "top_k_ids": top, "returns": adv * 0.5})
+
+
+class PGLoss:
+    """-(A · log π) token-mean over the global batch, - 0.01 · entropy, + 0.1 · Σ top-k log-probs."""
+
+    needs_entropy = True
+    needs_top_k = True
+
+    def __init__(self, num_tokens):
+        self.n = num_tokens
+
+    def __call__(self, mb, out):
+        m = mb.loss_mask
+        adv = torch.where(m, mb.tensors["advantages"], 0.0)
+        per_tok = -adv * out.log_probs - 0.01 * out.entropy + 0.1 * out.top_k_log_probs.sum(-1)
+        loss = torch.where(m, per_tok, 0.0).sum() / self.n
+        return loss, {"loss": float(loss.detach()), "tokens": float(m.sum())}
+
+
+def reference_outputs(model, batch, temperature=1.0):
+    """Per sample alone (no padding): full-model logits -> log_softmax(z/τ) at the response,
+    entropy and top-k log-probs; [b, T] lists of tensors with grad."""
+    lps, ents, tops = [], [], []
+    for i, p in enumerate(batch.prompt_ids):
+        n = int(batch.loss_mask[i].sum())
+        r = batch.response_ids[i, :n].tolist()
+        logits = model(input_ids=torch.tensor([p + r])).logits[0]
+        z = logits[len(p) - 1: len(p) - 1 + n] / temperature
+        ls = z.log_softmax(-1)
+        lps.append(ls.gather(1, torch.tensor(r, dtype=torch.long)[:, None]).squeeze(1))
+        ents.append(-(ls.exp() * ls).sum(-1))
+        tops.append(ls.gather(1, batch.tensors["top_k_ids"][i, :n]))
+    return lps, ents, tops
