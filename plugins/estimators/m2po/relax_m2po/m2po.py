@@ -75,7 +75,10 @@ def solve_bounds(delta_sq: Tensor, budget: float, miniclip_low: float, miniclip_
     Returns:
         :class:`M2POBounds`.
     """
-    v = torch.sort(delta_sq.to(torch.float64).reshape(-1)).values  # harmful first, +inf last
+    v = delta_sq.to(torch.float64).reshape(-1)
+    if v.numel() == 0:  # one non-harmful slot keeps the indexing below uniform
+        v = torch.full((1,), float("inf"), dtype=torch.float64, device=v.device)
+    v = torch.sort(v).values  # harmful first, +inf last
     harmful = torch.isfinite(v)
     v = torch.where(harmful, v, torch.zeros((), dtype=v.dtype, device=v.device))
     n = harmful.sum().to(v.dtype)
@@ -86,10 +89,9 @@ def solve_bounds(delta_sq: Tensor, budget: float, miniclip_low: float, miniclip_
     k_idx = torch.arange(v.numel(), device=v.device, dtype=v.dtype)
     cond = harmful & ((v - TOL) * (n - k_idx - 1) + csum >= target - TOL)
     found = cond.any()
-    k = torch.argmax(cond.to(torch.int8)) if v.numel() else torch.zeros((), dtype=torch.long)
+    k = torch.argmax(cond.to(torch.int8))  # first k satisfying the condition
     prev = (k - 1).clamp(min=0)
-    v_prev = v[prev] if v.numel() else torch.zeros((), dtype=v.dtype)
-    c_prev = csum[prev] if v.numel() else torch.zeros((), dtype=v.dtype)
+    v_prev, c_prev = v[prev], csum[prev]
     tau_k = torch.where(k == 0, 0.0, torch.sqrt((v_prev - TOL).clamp(min=0)))
     after_k = torch.where(k == 0, m2_before, (c_prev + (n - k) * v_prev) / n.clamp(min=1))
 
