@@ -17,15 +17,15 @@ flattened tokens of a ``[B, S]`` forward; ``X`` = experts, ``E`` = experts per t
     with record_routes(model) as rec:          # rollout engine
         out = model.generate(input_ids, ...)   # left-padded prompts, width P
     routes = rec.routes()                      # long [B, P + T - 1, L, E], every fed position
-    routed = response_routes(routes, P, response_lengths, T)   # long [B, T, L, E], -1 padding
+    routed = routes[:, P - 1:]                 # long [B, T, L, E]; set -1 past each response's end
 
     with replay_routes(model, routed, positions):   # training backend
         logits = model(input_ids=prompt_and_response, ...).logits
 
 ``routed[b, t]`` holds the experts of the forward *input* position that predicts response
-token ``t`` (the last prompt token for ``t = 0``, response token ``t - 1`` after).  In the
-training forward over prompt + response, that input sits at ``positions[b, t] =
-(index of the first response token of sample b) - 1 + t``.  Replay is keyed by
+token ``t`` (the last prompt token for ``t = 0``, response token ``t - 1`` after), the
+layout of ``RolloutBatch.routed_experts``.  In the training forward over prompt + response,
+that input sits at ``positions[b, t] = (index of the first response token of sample b) - 1 + t``.  Replay is keyed by
 ``(sample, layer, position)``, never by call order, so any number of forwards (old
 log-probs, the training forward, activation recomputation) replay the same routes.
 Positions absent from the table, and rows of ``-1`` (the padding sentinel, never expert 0),
@@ -200,31 +200,6 @@ def record_routes(model: nn.Module) -> Iterator[RouteRecorder]:
         shapes.remove()
 
 
-def response_routes(routes: Tensor, prompt_width: int, response_lengths: Tensor,
-                    max_len: int | None = None) -> Tensor:
-    """Align recorded routes with response tokens.
-
-    Args:
-        routes: long ``[B, S, L, E]`` from :meth:`RouteRecorder.routes` of one ``generate``
-            call on left-padded prompts of width ``prompt_width`` (so ``S = P + T_gen - 1``).
-        prompt_width: ``P``, the padded prompt width given to ``generate``.
-        response_lengths: long ``[B]`` generated tokens per sample.
-        max_len: ``T`` of the output (default ``S - P + 1``); extra columns are padding.
-
-    Returns:
-        long ``[B, T, L, E]``: ``out[b, t]`` = experts of input position ``P - 1 + t``
-        (which predicts response token ``t``); ``PAD_EXPERT`` (-1) for ``t >= response_lengths[b]``.
-    """
-    b, s, layers, e = routes.shape
-    t_gen = s - prompt_width + 1
-    t = t_gen if max_len is None else max_len
-    out = torch.full((b, t, layers, e), PAD_EXPERT, dtype=torch.long)
-    n = min(t, t_gen)
-    out[:, :n] = routes[:, prompt_width - 1: prompt_width - 1 + n]
-    valid = torch.arange(t)[None, :] < response_lengths.to("cpu")[:, None]  # [B, T]
-    return torch.where(valid[:, :, None, None], out, torch.full_like(out, PAD_EXPERT))
-
-
 def _check_table(routed: Tensor, positions: Tensor, num_layers: int, num_experts: int) -> None:
     if routed.dim() != 4 or routed.shape[2] != num_layers:
         raise ValueError(f"routed_experts must be [B, S, L={num_layers}, E], got {tuple(routed.shape)}")
@@ -253,7 +228,7 @@ def replay_routes(model: nn.Module, routed_experts: Tensor, positions: Tensor) -
             forward inside the context.
         positions: long ``[B, S]`` index, in the forward's sequence dimension, of the token
             each row belongs to (``-1`` = unused row).  E.g. for response-aligned routes
-            from :func:`response_routes`: first response index of sample ``b`` minus 1 plus ``t``.
+            (``RolloutBatch.routed_experts``): first response index of sample ``b`` minus 1 plus ``t``.
 
     The router still computes its logits; the hook returns ``(logits, scores, idx)`` with
     ``idx`` the recorded ids where given (else the router's own choice) and ``scores`` the

@@ -19,7 +19,6 @@ from relax_core.routing import (  # noqa: E402
     moe_routers,
     record_routes,
     replay_routes,
-    response_routes,
 )
 
 P, T_NEW, B = 5, 6, 3
@@ -65,15 +64,6 @@ def test_recorder_shapes_and_matches_teacher_forced_forward():
     assert routes.dtype == torch.long and routes.min() >= 0 and routes.max() < 4
     # the prefill + decode-step records equal the routes of one forward over the whole sequence
     assert torch.equal(natural_routes(model, seq)[:, : P + T_NEW - 1], routes)
-
-
-def test_response_routes_alignment_and_sentinel():
-    routes = torch.arange(2 * 6 * 1 * 2).reshape(2, 6, 1, 2)  # P = 3 -> T_gen = 4
-    out = response_routes(routes, 3, torch.tensor([4, 2]), max_len=5)
-    assert out.shape == (2, 5, 1, 2)
-    assert torch.equal(out[0, :4], routes[0, 2:6])  # token t is predicted from position P - 1 + t
-    assert torch.equal(out[1, :2], routes[1, 2:4])
-    assert (out[1, 2:] == PAD_EXPERT).all() and (out[0, 4:] == PAD_EXPERT).all()
 
 
 @pytest.mark.parametrize("norm", [False, True])
@@ -173,7 +163,8 @@ def test_response_only_replay_is_keyed_by_position_not_call_order():
     seq, routes = generate(model)
     pert, _ = _perturb_near_boundary(model, seq)
     lengths = torch.tensor([T_NEW, 3, 0])
-    rr = response_routes(routes, P, lengths)  # [B, T, L, E]
+    rr = routes[:, P - 1:].clone()  # [B, T, L, E] aligned with response tokens
+    rr[torch.arange(T_NEW)[None] >= lengths[:, None]] = PAD_EXPERT
     pos = (P - 1 + torch.arange(T_NEW)).expand(B, -1)
     free = natural_routes(pert, seq)
     with replay_routes(pert, rr, pos), record_routes(pert) as rec:
