@@ -141,7 +141,7 @@ class ActorLoss:
         acc = self._acc
         acc.add("pg_loss", pg_loss)
         if self.s.use_kl_loss:
-            kl = kl_estimate(log_probs, t["ref_log_probs"], self.s.kl_loss_type)  # [b, T]
+            kl = kl_estimate(log_probs, t["ref_log_probs"], self.s.kl_loss_type, mask=mask)  # [b, T]
             kl_loss = self._reduce(kl, mask)
             loss = loss + self.s.kl_loss_coef * kl_loss
             acc.add("kl_loss", kl_loss)
