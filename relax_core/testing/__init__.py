@@ -28,7 +28,8 @@ What is checked (each failure is collected; one ``AssertionError`` lists them al
   1e9 garbage in the masked slots of every token input): outputs have the documented
   shapes and dtypes, are finite at valid positions, advantages are 0 at masked ones, and
   the garbage changes neither the loss nor its gradient (which is 0 at masked positions
-  and not identically 0 elsewhere); a critic estimator's ``value_loss`` likewise;
+  and not identically 0 elsewhere); with bfloat16 inputs the loss and gradient stay
+  finite; a critic estimator's ``value_loss`` is checked like the policy loss;
 - ``supports_context_parallel``: the same loss and gradient (to 1e-6, float64 inputs)
   when each sequence is split across 2 gloo ranks, with the rank group passed as
   ``PolicyLossInput.process_group`` and global denominators in the reduction;

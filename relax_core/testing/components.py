@@ -218,6 +218,13 @@ def check_estimator(spec: Any, params: Any, caps: Any, cfg: Any, checks: Checks,
         (l0, g0), (l1, g1) = results
         _same(l1, l0, None, "reduced loss with NaN/1e9 in masked inputs")
         _same(g1, g0, None, "gradient w.r.t. log_probs with NaN/1e9 in masked inputs")
+    with checks.check("policy_loss with bfloat16 inputs"):
+        b = batch.variant(True, torch.bfloat16)
+        out, loss, grad = policy_loss_value_and_grad(est, b, fill_masked(adv, mask, True).to(torch.bfloat16), cfg)
+        _finite_at(out.loss, mask, "loss")
+        require(torch.isfinite(loss), f"reduced loss {float(loss)} is not finite")
+        _grad_ok(grad, mask, "log_probs")
+        require(grad.dtype == torch.bfloat16, f"gradient w.r.t. bfloat16 log_probs has dtype {grad.dtype}")
     if caps.needs_critic:
         with checks.check("value_loss"):
             mode, norm = _reduction(cfg)

@@ -40,8 +40,9 @@ def test_pytest_fixture(relax_contract):
 
 def test_masked_garbage_reaching_the_gradient_is_caught():
     msg = failures(toy("build_nan_leak"), distributed=False)
-    assert msg == ("estimator 'toy': 1 contract check(s) failed:\n"
-                   "  - policy_loss: gradient w.r.t. log_probs is not finite everywhere")
+    assert msg == ("estimator 'toy': 2 contract check(s) failed:\n"
+                   "  - policy_loss: gradient w.r.t. log_probs is not finite everywhere\n"
+                   "  - policy_loss with bfloat16 inputs: gradient w.r.t. log_probs is not finite everywhere")
 
 
 def test_false_context_parallel_claim_is_caught():
