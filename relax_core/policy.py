@@ -164,7 +164,8 @@ def group_mean_advantages(inp: AdvantageInput, *, std_normalization: bool,
     every valid token; ``returns`` is a copy of the advantages.
 
     Args:
-        inp: the whole step's batch (groups must be complete in it).
+        inp: the whole step's batch; every group must be complete in it (the statistics
+            are per group, so ``inp.process_group`` is not needed and not used).
         std_normalization: divide by the group std + 1e-6 (GRPO) or not (Dr.GRPO,
             ``--disable-grpo-std-normalization``).
         normalize_rewards: ``False`` under ``--disable-rewards-normalization``: the raw
