@@ -40,6 +40,16 @@ def whole_batch() -> dict:
     return dict(rewards=rewards, group_index=torch.arange(B), loss_mask=mask, old_log_probs=old, ref_log_probs=ref)
 
 
+def batch_with_empty_rank() -> dict:
+    """:func:`whole_batch` with nothing to train on in rows 3..5 (rank 1's shard)."""
+    b = whole_batch()
+    b["loss_mask"] = b["loss_mask"].clone()
+    b["loss_mask"][3:5] = False
+    b["rewards"] = b["rewards"].clone()
+    b["rewards"][5] = NAN
+    return b
+
+
 def shard(batch: dict, rank: int) -> dict:
     """Rank 0 holds rows 0..2 (with the empty response), rank 1 rows 3..5."""
     rows = slice(0, 3) if rank == 0 else slice(3, 6)
@@ -59,6 +69,9 @@ def advantages_on_rank(rank: int, group) -> dict:
 
     out = build().compute_advantages(AdvantageInput(**shard(whole_batch(), rank), process_group=group))
     res = {"advantages": out.advantages, "returns": out.returns, "metrics": out.metrics}
+    # rank 1 without a valid token (empty responses, an unscored sample) still joins
+    out = build().compute_advantages(AdvantageInput(**shard(batch_with_empty_rank(), rank), process_group=group))
+    res["empty_rank_advantages"] = out.advantages
     # a rank whose mask is all empty still joins; a globally empty batch raises on every rank
     empty = dict(rewards=torch.tensor([1.0]), group_index=torch.tensor([0]),
                  loss_mask=torch.zeros(1, 3, dtype=torch.bool), old_log_probs=torch.zeros(1, 3),

@@ -125,6 +125,10 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
         assert r["metrics"]["rollout/return_mean"] == pytest.approx(whole.metrics["rollout/return_mean"], abs=1e-6)
         assert "empty on every rank" in r["global_empty"]
     assert r0["advantages"][2].abs().sum() == 0  # the empty response
+    whole = rpp_dist.build().compute_advantages(AdvantageInput(**rpp_dist.batch_with_empty_rank()))
+    assert whole.advantages[3:].abs().sum() == 0 and whole.advantages[:3].abs().sum() > 0
+    torch.testing.assert_close(torch.cat([r0["empty_rank_advantages"], r1["empty_rank_advantages"]]),
+                               whole.advantages, atol=1e-6, rtol=1e-6)
 
 
 # --------------------------------------------------------------------------- policy loss
