@@ -46,6 +46,8 @@ def test_dense_model_refused_moe_accepted(tmp_path):
     (moe / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "num_experts": 4}))
     res = _dry_run("--model", str(moe))
     assert res.exit_code == 0, res.output
+    res = _dry_run("--model", str(moe), "--train-backend", "megatron")  # no replay in that backend
+    assert res.exit_code == 2 and "[needs_routed_experts]" in res.output and "backend 'megatron'" in res.output
     dense = tmp_path / "dense"
     dense.mkdir()
     (dense / "config.json").write_text(json.dumps({"model_type": "qwen3"}))

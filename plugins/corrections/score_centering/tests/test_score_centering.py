@@ -236,6 +236,7 @@ def _dry_run(*args):
 @pytest.mark.parametrize("args,needle", [
     (["--advantage-estimator", "cispo", "--calculate-per-token-loss"], "policy loss is 'cispo' (needs reinforce)"),
     (["--advantage-estimator", "grpo"], "policy loss is 'ppo_clip' (needs reinforce)"),
+    (["--advantage-estimator", "gspo"], "policy loss is 'sequence_ppo_clip' (needs reinforce)"),
     (["--advantage-estimator", "rloo", "--calculate-per-token-loss", "--rollout-top-p", "0.9"], "--rollout-top-p must be 1"),
     (["--advantage-estimator", "rloo", "--calculate-per-token-loss", "--rollout-top-k", "8"], "--rollout-top-k must be -1"),
     (["--advantage-estimator", "rloo", "--calculate-per-token-loss", "--rollout-temperature", "0"], "--rollout-temperature must be > 0"),
