@@ -66,3 +66,13 @@ def test_errors():
         _adv([1.0, 0.0], baseline="median")
     with pytest.raises(ValueError):
         group_advantages(torch.zeros(2, 2), torch.zeros(2, 2, dtype=torch.long), baseline="mean")
+
+
+@pytest.mark.parametrize("baseline,std", [("mean", True), ("mean", False), ("leave_one_out", False)])
+def test_near_equal_group_is_zero_by_tolerance(baseline, std):
+    # std ≈ 5.8e-10 > 0 but ≤ ZERO_STD_TOL: without the tolerance GRPO would give ±6.7e-4
+    r = torch.tensor([1.0, 1.0 + 1e-9, 1.0, 2.0, 0.0], dtype=torch.float64)
+    out = group_advantages(r, torch.tensor([0, 0, 0, 1, 1]), baseline=baseline, std_normalization=std)
+    assert (out.advantages[:3] == 0).all() and (out.advantages[3:] != 0).all()
+    assert out.advantages.dtype == torch.float32
+    assert out.group_no_signal.tolist() == [True, False]
