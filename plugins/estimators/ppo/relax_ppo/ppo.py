@@ -143,11 +143,14 @@ class PPO:
         advantage 0 and returns equal to its values (no critic signal).
 
         Raises:
-            ValueError: ``inp.values`` is None.
+            ValueError: ``inp.values`` is None or not of the shape of ``loss_mask``.
         """
         if inp.values is None:
             raise ValueError("ppo needs the critic's values (AdvantageInput.values); "
                              "the core must run the critic forward for estimators that declare needs_critic")
+        if inp.values.shape != inp.loss_mask.shape:
+            raise ValueError(f"values {tuple(inp.values.shape)} must have the shape of loss_mask "
+                             f"{tuple(inp.loss_mask.shape)}")
         mask = inp.loss_mask.bool()
         scored = torch.isfinite(inp.rewards)  # [B]
         rewards = torch.where(scored, inp.rewards, torch.zeros_like(inp.rewards))

@@ -117,6 +117,9 @@ def test_compute_advantages_unscored_sample_and_missing_values():
     with pytest.raises(ValueError, match="critic's values"):
         est.compute_advantages(AdvantageInput(rewards=torch.tensor([1.0]), group_index=torch.tensor([0]),
                                               loss_mask=torch.ones(1, 2, dtype=torch.bool)))
+    with pytest.raises(ValueError, match="shape of loss_mask"):
+        est.compute_advantages(AdvantageInput(rewards=torch.tensor([1.0]), group_index=torch.tensor([0]),
+                                              loss_mask=torch.ones(1, 2, dtype=torch.bool), values=torch.zeros(1, 3)))
 
 
 # --------------------------------------------------------------------------- value loss
