@@ -44,7 +44,9 @@ class RolloutBatch:
         truncated: bool ``[B]`` stopped by the length limit, not by EOS.
         top_k_ids / top_k_log_probs: long/float32 ``[B, T, k]`` the engine's top-k head
             (log-probs normalised over the full vocabulary at the sampling temperature).
-        routed_experts: long ``[B, T, L, E]`` expert ids per MoE layer (-1 = padding).
+        routed_experts: long ``[B, T, L, E]`` expert ids per MoE layer (-1 = padding): at
+            ``t``, the experts of the input position that predicts response token ``t`` (the
+            last prompt token for ``t = 0``), as :mod:`relax_core.routing` records and replays them.
         texts / responses / labels / metadata: per-sample python data for scorers and logs.
     """
 
