@@ -256,3 +256,8 @@ def test_contract(scope):
 
     spec = _spec()
     check_contract(spec, spec.params(stat_scope=scope))
+
+
+def test_declared_metrics_are_the_ones_reported():
+    out = _build().policy_loss(_inp([-0.1, 0.2], 1.0))
+    assert {f"train/{k}" for k in out.scalar_metrics} == set(_spec().capabilities_for().metrics)

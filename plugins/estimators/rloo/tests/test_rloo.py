@@ -126,3 +126,8 @@ def test_contract():
     from relax_core.testing import check_contract
 
     check_contract(_spec())
+
+
+def test_declared_metrics_are_the_ones_reported():
+    m = _build().compute_advantages(_adv_in([1, 0, 0, 0], [3] * 4)).metrics
+    assert {k for k in m if k.startswith("rollout/rloo/")} == set(_spec().capabilities_for().metrics)
