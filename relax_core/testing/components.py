@@ -306,17 +306,23 @@ def check_correction(spec: Any, params: Any, caps: Any, cfg: Any, checks: Checks
     if corr is None or kind is None:
         return
     batch = synthetic_batch(4)
-    mask, shape, k = batch.loss_mask, tuple(batch.loss_mask.shape), 4
+    mask, shape, k = batch.loss_mask, tuple(batch.loss_mask.shape), 4  # [B, T], k = top-k width
     g = torch.Generator().manual_seed(1)
     head = torch.log_softmax(torch.randn(*shape, k + 1, generator=g), -1)[..., :k]  # a top-k head, mass < 1
     train_head = torch.log_softmax(torch.randn(*shape, k + 1, generator=g), -1)[..., :k]
     ids = torch.rand(*shape, 100, generator=g).argsort(-1)[..., :k]  # distinct ids per position
     adv = torch.randn(shape[0], generator=g)[:, None].expand(shape)
 
-    def run(garbage: bool, independent_loss: bool = False) -> tuple[CorrectionOutput, Tensor, Tensor, Tensor | None]:
+    mask_k = mask[..., None].expand(*shape, k)
+    top = caps.needs_top_k_log_probs
+
+    def run(garbage: bool, independent_loss: bool = False, pieces: tuple[slice, ...] = (slice(0, T),),
+            ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Apply to each column piece of the sequences (one piece = the whole batch; two =
+        context-parallel halves), reduce each with the global token count, and return the
+        summed loss and the gradients w.r.t. the full log_probs / train top-k leaves."""
         b = batch.variant(garbage)
         log_probs = b.log_probs.clone().requires_grad_(True)
-        mask_k = mask[..., None].expand(*shape, k)
         train_top_k = (fill_masked(train_head, mask_k, True) if garbage else train_head).requires_grad_(True)
         a = fill_masked(adv, mask, garbage)
         if independent_loss:  # a loss tensor with no autograd path to log_probs
@@ -325,37 +331,48 @@ def check_correction(spec: Any, params: Any, caps: Any, cfg: Any, checks: Checks
         else:  # the REINFORCE-style surrogate −r·A of the estimator stage, garbage where masked
             log_ratio = torch.where(mask, log_probs - b.old_log_probs, 0.0)
             loss_in = torch.where(mask, -torch.exp(log_ratio) * torch.where(mask, a, 0.0), fill_masked(a, mask, garbage))
-        top = caps.needs_top_k_log_probs
-        out = corr.apply(CorrectionInput(
-            loss=loss_in, log_probs=log_probs, old_log_probs=b.old_log_probs, advantages=a, loss_mask=mask,
-            policy_loss_kind=kind, rollout_log_probs=b.rollout_log_probs,
-            top_k_ids=ids if top else None,
-            top_k_log_probs=(fill_masked(head, mask_k, True) if garbage else head) if top else None,
-            train_top_k_log_probs=train_top_k if top else None))
-        require(isinstance(out, CorrectionOutput), f"returned {type(out).__name__}, expected CorrectionOutput")
-        _tensor(out.loss, "loss", shape)
-        _finite_at(out.loss, mask, "loss")
-        _token_metrics(out.token_metrics, mask, "token_metrics")
-        _scalar_metrics(out.scalar_metrics, "scalar_metrics")
-        total = reduce_loss(out.loss, mask, "token-mean")
+        head_in = fill_masked(head, mask_k, True) if garbage else head
+        total = torch.zeros((), dtype=torch.float32)
+        for c in pieces:
+            m = mask[:, c]
+            out = corr.apply(CorrectionInput(
+                loss=loss_in[:, c], log_probs=log_probs[:, c], old_log_probs=b.old_log_probs[:, c], advantages=a[:, c],
+                loss_mask=m, policy_loss_kind=kind, rollout_log_probs=b.rollout_log_probs[:, c],
+                top_k_ids=ids[:, c] if top else None, top_k_log_probs=head_in[:, c] if top else None,
+                train_top_k_log_probs=train_top_k[:, c] if top else None))
+            require(isinstance(out, CorrectionOutput), f"returned {type(out).__name__}, expected CorrectionOutput")
+            _tensor(out.loss, "loss", tuple(m.shape))
+            _finite_at(out.loss, m, "loss")
+            _token_metrics(out.token_metrics, m, "token_metrics")
+            _scalar_metrics(out.scalar_metrics, "scalar_metrics")
+            total = total + reduce_loss(out.loss, m, "token-mean", num_tokens=mask.sum())
         if not total.requires_grad:
-            return out, total.detach(), None, None
+            return total.detach(), None, None
         grads = torch.autograd.grad(total, [log_probs, train_top_k], allow_unused=True)
-        return out, total.detach(), grads[0], grads[1]
+        return total.detach(), grads[0], grads[1]
 
     with checks.check("apply"):
-        (_, l0, g0, h0), (_, l1, g1, h1) = run(False), run(True)
+        (l0, g0, h0), (l1, g1, h1) = run(False), run(True)
         require(torch.isfinite(l0), "reduced corrected loss is not finite")
         _grad_ok(g0, mask, "log_probs")
         _same(l1, l0, None, "corrected loss with NaN/1e9 in masked inputs")
         _same(g1, g0, None, "gradient w.r.t. log_probs with NaN/1e9 in masked inputs")
         if h0 is not None or h1 is not None:
-            require(h0 is not None and h1 is not None and torch.isfinite(h1).all(), "gradient w.r.t. the trainer's top-k log-probs is missing or not finite")
+            require(h0 is not None and h1 is not None and torch.isfinite(h1).all(),
+                    "gradient w.r.t. the trainer's top-k log-probs is missing or not finite")
             _same(h1, h0, None, "gradient w.r.t. train_top_k_log_probs with NaN/1e9 in masked inputs")
-    if not caps.needs_top_k_log_probs:
+    if not top:
         with checks.check("importance weights carry no gradient"):
-            g = run(True, independent_loss=True)[2]
-            require(g is None or not (g != 0).any(), "the corrected loss has a gradient w.r.t. log_probs through the correction (detach the weight)")
+            g = run(True, independent_loss=True)[1]
+            require(g is None or not (g != 0).any(),
+                    "the corrected loss has a gradient w.r.t. log_probs through the correction (detach the weight)")
+    if caps.supports_context_parallel:
+        with checks.check("supports_context_parallel: same loss and gradient over 2 sequence pieces"):
+            (l_full, g_full, h_full), (l_cp, g_cp, h_cp) = run(True), run(True, pieces=(slice(0, CP_CUT), slice(CP_CUT, T)))
+            _same(l_cp, l_full, None, "corrected loss summed over the 2 pieces of each sequence")
+            _same(g_cp, g_full, None, "gradient w.r.t. log_probs over the 2 pieces of each sequence")
+            if h_full is not None:
+                _same(h_cp, h_full, None, "gradient w.r.t. train_top_k_log_probs over the 2 pieces")
 
 
 # --------------------------------------------------------------------------- rewards

@@ -119,14 +119,17 @@ def build_wrong_shape(params, config):
 
 
 class ToyCorrection:
-    """Truncated importance weight min(π_old/q, 2), detached unless ``leaky``."""
+    """Truncated importance weight min(π_old/q, 2), detached unless ``leaky``; with
+    ``sequence`` the weight is the product over the (local) tokens of the sequence."""
 
-    def __init__(self, leaky: bool):
-        self.leaky = leaky
+    def __init__(self, leaky: bool, sequence: bool = False):
+        self.leaky, self.sequence = leaky, sequence
 
     def apply(self, inp):
         mask = inp.loss_mask.bool()
         log_w = masked_fill_zero(inp.old_log_probs - inp.rollout_log_probs, mask)
+        if self.sequence:
+            log_w = log_w.sum(-1, keepdim=True).expand(mask.shape)
         if self.leaky:
             log_w = log_w + masked_fill_zero(inp.log_probs - inp.log_probs.detach(), mask)
         w = torch.exp(log_w).clamp(max=2.0)
@@ -143,6 +146,10 @@ def build_correction(params, config):
 
 def build_leaky_correction(params, config):
     return ToyCorrection(leaky=True)
+
+
+def build_sequence_correction(params, config):
+    return ToyCorrection(leaky=False, sequence=True)
 
 
 def build_scorer(params, config):

@@ -115,6 +115,11 @@ def test_corrections():
     assert "importance weights carry no gradient: the corrected loss has a gradient w.r.t. log_probs" in msg
     assert "declares no compatible policy-loss kind" in failures(_correction("build_correction",
                                                                             CorrectionCapabilities()))
+    cp = CorrectionCapabilities(compatible_policy_loss_kinds=frozenset({"*"}), supports_context_parallel=True)
+    check_contract(_correction("build_correction", cp))
+    msg = failures(_correction("build_sequence_correction", cp))
+    assert msg.startswith("correction 'toy_tis': 1 contract check(s) failed:\n  - supports_context_parallel: "
+                          "same loss and gradient over 2 sequence pieces: corrected loss summed over the 2 pieces")
 
 
 def test_reward_scorers():
