@@ -38,7 +38,10 @@ What is checked (each failure is collected; one ``AssertionError`` lists them al
 - corrections: shapes, finite values, masked garbage irrelevant to value and gradient,
   and importance weights that carry no gradient (for corrections that do not need top-k
   log-probs, the corrected loss of a loss tensor independent of ``log_probs`` must have
-  no gradient w.r.t. ``log_probs``);
+  no gradient w.r.t. ``log_probs``); a correction declaring ``supports_context_parallel``
+  gives the same loss and gradient applied to the two halves of each sequence (global
+  token count) as to the whole (``CorrectionInput`` carries no process group, so the
+  halves run in one process);
 - reward scorers: return a finite float or ``None`` for a few inputs (or refuse an input
   they cannot interpret with a ``ValueError`` that says why);
 - reward post-processors: keep the batch's shapes and dtypes;
