@@ -320,3 +320,56 @@ def test_engine_log_probs_match_backend(tiny_model_dir):
     be = make_backend(tiny_model_dir, dtype="float32", rollout_temperature=0.7)
     out = be.forward(TrainBatch(prompt_ids=prompts, response_ids=g.response_ids, loss_mask=mask))
     torch.testing.assert_close(out.log_probs[mask], g.log_probs[mask], atol=1e-5, rtol=0)
+
+
+def test_contract():
+    from relax_core.testing import check_contract
+    from relax_torch.plugin import relax_register_train_backends
+
+    check_contract(relax_register_train_backends()[0])
+
+
+def test_routing_replay(tiny_moe_model_dir):
+    """Forced routes (the complement of the natural top-2 of 4 experts) reach the right
+    tokens: the batched, left-padded forward equals a per-sample replayed forward; the
+    recomputation of gradient checkpointing replays them too."""
+    from relax_core.routing import record_routes, replay_routes
+
+    be = make_backend(tiny_moe_model_dir, dtype="float32")  # grouped expert matmuls have no float64
+    be.setup(routing_replay=True)
+    model = be.models["actor"]
+    batch = make_batch(seed=12, b=4)
+    layers = model.config.num_hidden_layers
+    b, t = batch.response_ids.shape
+    routed = torch.full((b, t, layers, 2), -1, dtype=torch.long)
+    for i, p in enumerate(batch.prompt_ids):  # natural routes per sample, then their complement
+        n = int(batch.loss_mask[i].sum())
+        with record_routes(model) as rec, torch.no_grad():
+            model(input_ids=torch.tensor([p + batch.response_ids[i, :n].tolist()]))
+        nat = rec.routes()[0, len(p) - 1: len(p) - 1 + n]  # [n, L, 2]
+        all4 = torch.arange(4).expand(n, layers, 4)
+        keep = ~(all4[..., :, None] == nat[..., None, :]).any(-1)
+        routed[i, :n] = all4[keep].view(n, layers, 2)
+    replayed = TrainBatch(prompt_ids=batch.prompt_ids, response_ids=batch.response_ids, loss_mask=batch.loss_mask,
+                          tensors={**batch.tensors, "routed_experts": routed})
+    natural = be.forward(batch).log_probs
+    forced = be.forward(replayed).log_probs
+    m = batch.loss_mask
+    assert (forced - natural)[m].abs().min() > 1e-6  # every token's routes changed
+    for i, p in enumerate(batch.prompt_ids):
+        n = int(m[i].sum())
+        r = batch.response_ids[i, :n].tolist()
+        pos = (len(p) - 1 + torch.arange(n))[None]
+        with replay_routes(model, routed[i:i + 1, :n], pos), torch.no_grad():
+            z = model(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1: len(p) - 1 + n]
+        want = z.log_softmax(-1).gather(1, torch.tensor(r)[:, None]).squeeze(1)
+        torch.testing.assert_close(forced[i, :n], want.float(), atol=1e-5, rtol=0)
+    fn = PGLoss(float(m.sum()))
+    out = []
+    for ckpt in (False, True):
+        be2 = make_backend(tiny_moe_model_dir, dtype="float32", gradient_checkpointing=ckpt)
+        be2.setup(routing_replay=True)
+        be2.accumulate_gradients(replayed, fn)
+        out.append(grads(be2.models["actor"]))
+    for k in out[0]:
+        torch.testing.assert_close(out[1][k], out[0][k], atol=1e-6, rtol=1e-5, msg=k)

@@ -223,3 +223,10 @@ def test_routed_experts_match_a_full_forward(tiny_moe_model_dir):
         want = full[len(p) - 1: len(p) - 1 + len(r)]  # input positions predicting each response token
         assert torch.equal(out.routed_experts[i, :len(r)].sort(-1).values, want.sort(-1).values)
         assert (out.routed_experts[i, len(r):] == -1).all()
+
+
+def test_contract():
+    from relax_core.testing import check_contract
+    from relax_hf.plugin import relax_register_rollout_engines
+
+    check_contract(relax_register_rollout_engines()[0])
