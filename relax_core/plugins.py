@@ -91,6 +91,9 @@ class Registry:
         hint = f" Did you mean '{close[0]}'?" if close else ""
         broken = [p for p in self.plugins if p.status == "error"]
         extra = "".join(f"\n  plugin '{p.name}' ({p.dist} {p.version}) failed to load: {p.error}" for p in broken)
+        disabled = [p.name for p in self.plugins if p.status == "disabled"]
+        if disabled:
+            extra += (f"\n  not loaded (RELAX_LOAD_PLUGINS / RELAX_DISABLE_PLUGINS): {', '.join(disabled)}")
         raise PluginError(f"unknown {kind} '{name}'. Available: {', '.join(valid) or '(none)'}.{hint}{extra}")
 
     def param_schemas(self) -> dict[str, type]:

@@ -61,6 +61,9 @@ def test_environment_selects_plugins(registry_with, monkeypatch, var, value, loa
     assert {p.name for p in reg.plugins if p.status == "ok"} == loaded
     assert {p.name for p in reg.plugins if p.status == "disabled"} == {"infra", "one", "two"} - loaded
     assert set(reg.names("estimator")) == loaded - {"infra"}
+    if "one" not in loaded:
+        with pytest.raises(PluginError, match=r"not loaded \(RELAX_LOAD_PLUGINS / RELAX_DISABLE_PLUGINS\): .*one"):
+            reg.get("estimator", "one")
 
 
 def test_misspelled_hook_is_caught_with_a_suggestion(registry_with):
