@@ -167,6 +167,11 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
             msg = cap.check(ctx, sel.caps)
             if msg:
                 problems.append(Problem(sel.label, cap.field, f"{sel.name} {msg}", cap.fix))
+    for sel in [s for s in (est, engine, backend) if s] + corrections + processors:
+        # a parameter schema may define problems() -> [(message, fix)] for constraints across
+        # its fields (e.g. tis: --tis-clip-low <= --tis-clip); checked only for selected components
+        check = getattr(cfg.params_for(sel.name), "problems", None)
+        problems += [Problem(sel.label, "parameters", f"{sel.name}: {msg}", fix) for msg, fix in (check() if callable(check) else ())]
     problems += [Problem("plugins", "duplicate component", p, "") for p in reg.problems]
     return Resolved(ctx, specs), problems
 

@@ -14,6 +14,13 @@ class IcePopParams:
     clip: float = param(2.0, "Upper edge U of the kept band L <= ρ <= U (shared flag with tis).",
                         flag="--tis-clip", gt=0)
 
+    def problems(self) -> list[tuple[str, str]]:
+        """Constraints across fields, checked at startup when this component is selected."""
+        if self.clip_low > self.clip:
+            return [(f"--tis-clip-low {self.clip_low} is above --tis-clip {self.clip}",
+                     "choose --tis-clip-low <= --tis-clip")]
+        return []
+
 
 @hookimpl
 def relax_register_corrections():

@@ -162,3 +162,18 @@ def _train(tmp_path, *args, moe=False):
 def test_two_step_training_run(tmp_path):
     for m in _train(tmp_path, "--correction", "icepop", "--advantage-estimator", "rloo", "--calculate-per-token-loss"):
         assert m["train/tis_clipfrac"] == 0.0 and m["train/tis"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_cross_field_bounds_checked_at_startup_for_selected_corrections_only():
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    run = lambda *a: CliRunner().invoke(app, ["train", "--dry-run", *a])  # noqa: E731
+    res = run("--correction", "icepop", "--tis-clip", "0.3")  # default low 0.5 > 0.3
+    assert res.exit_code == 2
+    assert "correction 'icepop'" in res.output and "[parameters]" in res.output
+    assert "--tis-clip-low 0.5 is above --tis-clip 0.3" in res.output and "fix:" in res.output
+    assert run("--correction", "tis", "--tis-clip", "0.3").exit_code == 0  # icepop is not selected
+    res = run("--correction", "tis", "--tis-clip-low", "3")
+    assert res.exit_code == 2 and "correction 'tis'" in res.output and "[parameters]" in res.output

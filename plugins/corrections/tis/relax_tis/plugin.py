@@ -17,6 +17,13 @@ class TISParams:
     level: str = param("token", "Ratio level: token ρ_t, sequence Π_t ρ_t, or geometric (Π_t ρ_t)^(1/n).",
                        flag="--tis-level", choices=("token", "sequence", "geometric"))
 
+    def problems(self) -> list[tuple[str, str]]:
+        """Constraints across fields, checked at startup when this component is selected."""
+        if self.clip_low > self.clip:
+            return [(f"--tis-clip-low {self.clip_low} is above --tis-clip {self.clip}",
+                     "choose --tis-clip-low <= --tis-clip")]
+        return []
+
 
 def _capabilities(p: TISParams) -> CorrectionCapabilities:
     token = p.level == "token"
