@@ -1,0 +1,1 @@
+"""relax-vllm: vLLM rollout engine (install the ``[engine]`` extra, see its pyproject)."""

@@ -1,0 +1,158 @@
+"""The vLLM rollout engine (:class:`relax_core.contracts.RolloutEngine`).
+
+One in-process ``vllm.LLM`` per engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine-core
+subprocess, so it also lives inside a Ray actor as is).
+
+Log-probs.  vLLM's default ``logprobs_mode="raw_logprobs"`` returns log-softmax of the
+model's *raw* logits, before temperature, top-k and top-p.  The contract asks for log q of
+the *sampling* distribution, so the engine is built with ``logprobs_mode=
+"processed_logprobs"``: log-softmax of the logits after temperature and top-k/top-p masking
+(masked tokens −inf), i.e. exactly the distribution the token was drawn from.  The top-k
+head comes from the same processed distribution (with top-p = 1 and top-k off it is the
+full-vocabulary softmax at the sampling temperature).  With temperature 0 (greedy) vLLM
+returns the log-softmax of the untempered logits.
+
+Weight updates write the Hugging Face state dict to a safetensors file in a private
+directory and call the worker's ``reload_weights(weights_path=dir)`` through
+``collective_rpc`` (a method name, so no callable is pickled), then reset the prefix cache.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from relax_core.contracts import GenerationOutput, SamplingParams
+
+
+def to_generation_output(completions: Sequence[Any], *, pad_id: int, top_k: int) -> GenerationOutput:
+    """Pack vLLM ``CompletionOutput`` objects (one per prompt) into a :class:`GenerationOutput`.
+
+    Each completion has ``token_ids``, ``text``, ``finish_reason`` (``"length"`` = cut by
+    ``max_tokens``) and ``logprobs``: one mapping per generated token, ``token id ->
+    Logprob(logprob, rank)`` holding the sampled token and the ``top_k`` best (ranks 1..k).
+
+    Returns:
+        response_ids/log_probs ``[B, T]`` (``T`` = longest response, at least 1; ``pad_id``
+        and 0.0 past each response), top-k ids/log-probs ``[B, T, k]`` sorted by rank when
+        ``top_k > 0`` (id 0 and −inf past each response).
+
+    Raises:
+        ValueError: a completion lacks log-probs, or its top-k head has fewer than ``k`` entries.
+    """
+    b = len(completions)
+    t = max([len(c.token_ids) for c in completions] + [1])
+    ids = torch.full((b, t), pad_id, dtype=torch.long)
+    lps = torch.zeros(b, t, dtype=torch.float32)
+    top_ids = torch.zeros(b, t, top_k, dtype=torch.long) if top_k else None
+    top_lps = torch.full((b, t, top_k), float("-inf"), dtype=torch.float32) if top_k else None
+    for i, c in enumerate(completions):
+        n = len(c.token_ids)
+        if c.logprobs is None or len(c.logprobs) != n:
+            raise ValueError("vLLM returned no per-token log-probs (was SamplingParams.logprobs set?)")
+        ids[i, :n] = torch.tensor(list(c.token_ids), dtype=torch.long)
+        lps[i, :n] = torch.tensor([float(pos[tok].logprob) for tok, pos in zip(c.token_ids, c.logprobs)])
+        if top_k:
+            for j, pos in enumerate(c.logprobs):
+                head = sorted(((lp.rank, tok, lp.logprob) for tok, lp in pos.items() if lp.rank <= top_k))[:top_k]
+                if len(head) < top_k:
+                    raise ValueError(f"vLLM returned {len(head)} top log-probs, fewer than k = {top_k}")
+                top_ids[i, j] = torch.tensor([h[1] for h in head])
+                top_lps[i, j] = torch.tensor([float(h[2]) for h in head])
+    return GenerationOutput(
+        response_ids=ids,
+        response_lengths=torch.tensor([len(c.token_ids) for c in completions], dtype=torch.long),
+        log_probs=lps,
+        truncated=torch.tensor([c.finish_reason == "length" for c in completions], dtype=torch.bool),
+        texts=[c.text for c in completions],
+        top_k_ids=top_ids,
+        top_k_log_probs=top_lps,
+    )
+
+
+def vllm_sampling_params(s: SamplingParams, n_prompts: int) -> list[Any]:
+    """One ``vllm.SamplingParams`` per prompt.  With ``s.seed`` set, prompt ``i`` gets seed
+    ``s.seed + i`` (repeated prompts of a group must not draw the same sample); without it,
+    the engine's global seeded stream is used."""
+    from vllm import SamplingParams as VSP
+
+    common = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0,
+                  max_tokens=s.max_new_tokens, repetition_penalty=s.repetition_penalty, stop=list(s.stop),
+                  logprobs=s.return_top_k)
+    return [VSP(seed=None if s.seed is None else s.seed + i, **common) for i in range(n_prompts)]
+
+
+class VLLMEngine:
+    """:class:`~relax_core.contracts.RolloutEngine` on an in-process ``vllm.LLM``."""
+
+    def __init__(self, model_path: str, tokenizer: Any, *, seed: int = 0, max_model_len: int = 2048,
+                 tensor_parallel_size: int = 1, cpu_kv_cache_gib: int = 1,
+                 gpu_memory_utilization: float = 0.5, enforce_eager: bool = True, max_top_k: int = 20) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = {}
+        if torch.cuda.is_available():
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        self.llm = LLM(model=model_path, tokenizer=model_path, dtype="float32" if not torch.cuda.is_available() else "auto",
+                       seed=seed, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
+                       enforce_eager=enforce_eager, logprobs_mode="processed_logprobs", max_logprobs=max_top_k,
+                       **kwargs)
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.version = 0
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="relax-vllm-weights-"))
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> GenerationOutput:
+        """Sample one response per prompt (repeat a prompt for a group).
+
+        Raises:
+            ValueError: routed experts were asked for (not recorded by this engine).
+        """
+        from vllm.inputs import TokensPrompt
+
+        if sampling.return_routed_experts:
+            raise ValueError("the vllm engine does not record routed experts; use --rollout-engine sglang or hf")
+        if not prompt_ids:
+            raise ValueError("generate() needs at least one prompt")
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids],
+                                 vllm_sampling_params(sampling, len(prompt_ids)), use_tqdm=False)
+        return to_generation_output([o.outputs[0] for o in outs], pad_id=self.pad_id, top_k=sampling.return_top_k)
+
+    def update_weights(self, state_dict: Any, version: int) -> None:
+        """Load new weights (Hugging Face names) in place, without restarting the engine."""
+        from safetensors.torch import save_file
+
+        path = self._weights_dir / "model.safetensors"
+        # clone: tied tensors (lm_head = embed_tokens) share storage, which safetensors refuses
+        save_file({k: v.detach().to("cpu", torch.float32).clone() for k, v in state_dict.items()}, str(path))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
+        self.llm.reset_prefix_cache()
+        path.unlink()
+        self.version = version
+
+    def shutdown(self) -> None:
+        engine = getattr(self, "llm", None)
+        if engine is not None:
+            core = getattr(engine.llm_engine, "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
+            self.llm = None
+        shutil.rmtree(self._weights_dir, ignore_errors=True)
+
+
+def build(params: Any, config: Any) -> VLLMEngine:
+    """Factory: an engine for ``config.model`` (the embedded default resolves to its converted
+    Hugging Face directory)."""
+    from relax_core.models import load_tokenizer, resolve_model_path
+
+    return VLLMEngine(resolve_model_path(config.model), load_tokenizer(config.model), seed=config.seed,
+                      max_model_len=params.max_model_len, tensor_parallel_size=config.rollout_num_gpus_per_engine,
+                      cpu_kv_cache_gib=params.cpu_kv_cache_gib, gpu_memory_utilization=params.gpu_memory_utilization,
+                      enforce_eager=params.enforce_eager)

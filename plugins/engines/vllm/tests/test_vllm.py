@@ -1,0 +1,162 @@
+"""vLLM engine: output packing (no vLLM needed), install hint, and, where vLLM is installed
+(``.venv-vllm``, see ``.ci/vllm.sh``), log-probs equal to transformers' for the same
+weights before and after a weight push, seeds and stop strings."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from types import SimpleNamespace as NS
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from relax_core.contracts import SamplingParams  # noqa: E402
+from relax_vllm.engine import to_generation_output  # noqa: E402
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+def _lp(logprob, rank):
+    return NS(logprob=logprob, rank=rank)
+
+
+def test_to_generation_output_packs_and_sorts_top_k():
+    a = NS(token_ids=[5, 7], text="ab", finish_reason="length",
+           logprobs=[{5: _lp(-0.5, 1), 9: _lp(-1.5, 2)},                 # sampled = rank 1
+                     {7: _lp(-3.0, 4), 2: _lp(-1.0, 2), 3: _lp(-0.2, 1)}])  # sampled outside top-2
+    b = NS(token_ids=[4], text="c", finish_reason="stop", logprobs=[{4: _lp(-0.1, 1), 1: _lp(-2.5, 2)}])
+    out = to_generation_output([a, b], pad_id=0, top_k=2)
+    assert out.response_ids.tolist() == [[5, 7], [4, 0]]
+    assert out.response_lengths.tolist() == [2, 1]
+    assert out.log_probs[0].tolist() == [-0.5, -3.0] and out.log_probs[1, 0].item() == pytest.approx(-0.1)
+    assert out.truncated.tolist() == [True, False]
+    assert out.top_k_ids.tolist()[0] == [[5, 9], [3, 2]]
+    assert out.top_k_log_probs[0, 1].tolist() == pytest.approx([-0.2, -1.0])
+    assert out.top_k_log_probs[1, 1].isneginf().all()  # past the response
+    assert out.texts == ["ab", "c"]
+
+
+def test_to_generation_output_errors_and_empty():
+    empty = NS(token_ids=[], text="", finish_reason="stop", logprobs=[])
+    out = to_generation_output([empty], pad_id=3, top_k=0)
+    assert out.response_ids.tolist() == [[3]] and out.response_lengths.tolist() == [0]
+    assert out.top_k_ids is None
+    with pytest.raises(ValueError, match="no per-token log-probs"):
+        to_generation_output([NS(token_ids=[1], text="", finish_reason="stop", logprobs=None)], pad_id=0, top_k=0)
+    short = NS(token_ids=[1], text="", finish_reason="stop", logprobs=[{1: _lp(-1.0, 1)}])
+    with pytest.raises(ValueError, match="fewer than k = 2"):
+        to_generation_output([short], pad_id=0, top_k=2)
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
+def test_choosing_vllm_without_it_gives_install_hint():
+    from relax_core.plugins import load_registry
+
+    spec = load_registry().get("engine", "vllm").spec
+    with pytest.raises(ImportError, match=r"plugins/engines/vllm\[engine\]"):
+        spec.build(None, None)
+
+
+# ------------------------------------------------------------------ live vLLM (slow)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A random tiny Llama (head_dim 64: vLLM's CPU attention refuses 16) with SmolLM2's tokenizer."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from relax_core.models import ensure_default_model
+
+    tok = AutoTokenizer.from_pretrained(ensure_default_model())
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # a peaked, non-uniform distribution (random init is near-uniform)
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p) if p.dim() > 1 else 0.05 * torch.randn_like(p))
+    out = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):
+    from transformers import AutoTokenizer
+
+    from relax_vllm.engine import VLLMEngine
+
+    eng = VLLMEngine(str(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir), seed=0, max_model_len=256)
+    yield eng
+    eng.shutdown()
+
+
+def _hf_log_probs(model, prompts, out, temperature):
+    """log softmax(logits / T) of each sampled token and the top-3 head, from transformers."""
+    lps, heads = [], []
+    for p, ids, n in zip(prompts, out.response_ids, out.response_lengths.tolist()):
+        x = torch.tensor([p + ids[:n].tolist()])
+        with torch.no_grad():
+            logits = model(x).logits[0, len(p) - 1: len(p) - 1 + n].double() / temperature
+        lsm = torch.log_softmax(logits, -1)
+        lps.append(lsm.gather(-1, ids[:n, None]).squeeze(-1))
+        heads.append(lsm.topk(3, -1))
+    return lps, heads
+
+
+def _check_against_hf(engine, model, seed):
+    prompts = [[1, 2, 3, 4], [10, 20, 30], [7, 7, 7, 7, 7, 7]]
+    s = SamplingParams(temperature=0.7, max_new_tokens=12, seed=seed, return_top_k=3)
+    out = engine.generate(prompts, s)
+    assert out.response_lengths.min() >= 1
+    lps, heads = _hf_log_probs(model, prompts, out, 0.7)
+    worst = 0.0
+    for i, n in enumerate(out.response_lengths.tolist()):
+        worst = max(worst, (out.log_probs[i, :n].double() - lps[i]).abs().max().item())
+        assert torch.equal(out.top_k_ids[i, :n], heads[i].indices)
+        assert (out.top_k_log_probs[i, :n].double() - heads[i].values).abs().max() < 1e-4
+    assert worst < 1e-4, worst
+    assert out.log_probs.max() < 0 and math.isfinite(float(out.log_probs.sum()))
+    return out
+
+
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed (see .ci/vllm.sh)")
+def test_log_probs_match_transformers_before_and_after_weight_push(engine, tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    before = _check_against_hf(engine, model, seed=11)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    engine.update_weights(model.state_dict(), version=1)
+    assert engine.version == 1
+    after = _check_against_hf(engine, model, seed=11)
+    # same seed, new weights: the distribution changed, so the log-probs did
+    assert not torch.allclose(before.log_probs, after.log_probs)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed (see .ci/vllm.sh)")
+def test_seeds_and_stop_strings(engine):
+    prompts = [[5, 6, 7]] * 3
+    s = SamplingParams(temperature=1.0, max_new_tokens=16, seed=3)
+    a, b = engine.generate(prompts, s), engine.generate(prompts, s)
+    assert torch.equal(a.response_ids, b.response_ids)  # same seed, same samples
+    assert len({tuple(r.tolist()) for r in a.response_ids}) == 3  # a group gets distinct samples
+    assert a.truncated.all() and a.response_lengths.tolist() == [16] * 3
+    text = a.texts[0]
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    assert stop.strip(), text
+    c = engine.generate(prompts[:1], SamplingParams(temperature=1.0, max_new_tokens=16, seed=3, stop=(stop,)))
+    assert not c.truncated[0] and stop not in c.texts[0]
+    assert c.texts[0] == text[: text.index(stop)]
+    assert 1 <= c.response_lengths[0] < 16
