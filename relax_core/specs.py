@@ -211,7 +211,9 @@ class ComponentSpec:
     """Dotted path ``package.module:callable`` called as ``factory(params, config)``;
     imported only when the component is built (keeps registration light)."""
     params: type | None = None
-    """Parameter schema: a dataclass whose fields are declared with :func:`param`."""
+    """Parameter schema: a dataclass whose fields are declared with :func:`param`.  It may
+    define ``problems(self) -> list[tuple[str, str]]`` (message, fix) for constraints across
+    fields; startup validation reports them when the component is selected."""
     capabilities: Any = None
     """A capabilities instance, or a callable ``params -> capabilities``."""
     api_version: int = API_VERSION
