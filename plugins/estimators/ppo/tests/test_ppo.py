@@ -1,8 +1,6 @@
 """relax-ppo: GAE (pinned values, sequential reference, masking), clipped value loss
 (values, gradient, clipfrac, garbage, dtypes), PPO-clip policy loss, spec and CLI."""
 
-import math
-
 import pytest
 import torch
 

@@ -1,7 +1,6 @@
 """relax-reinforce-plus-plus: shaped returns (issue values), masking and garbage, the global
 token normalisation (one process and 2 gloo ranks), PPO-clip loss and gradient, spec, CLI."""
 
-import math
 import sys
 from pathlib import Path
 
