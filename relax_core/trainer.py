@@ -381,6 +381,7 @@ class Trainer:
             m["train/grad_norm"] = float(bm.get("grad_norm", math.nan))
             if "lr" in bm:
                 m["train/lr"] = float(bm["lr"])
+            m.update({f"train/{k}": v for k, v in bm.items() if k.startswith("nonfinite/")})  # the offenders
             if bm.get("skipped") or not math.isfinite(m.get("train/loss", math.nan)) or not math.isfinite(m["train/grad_norm"]):
                 skipped += 1
             add(m)
