@@ -200,21 +200,28 @@ def record_routes(model: nn.Module) -> Iterator[RouteRecorder]:
         shapes.remove()
 
 
-def _check_table(routed: Tensor, positions: Tensor, num_layers: int, num_experts: int) -> None:
+def _used_rows(routed: Tensor, positions: Tensor, num_layers: int, num_experts: int) -> tuple[Tensor, Tensor]:
+    """Validate a replay table; return the ``(sample, row)`` indices of the rows to force."""
     if routed.dim() != 4 or routed.shape[2] != num_layers:
         raise ValueError(f"routed_experts must be [B, S, L={num_layers}, E], got {tuple(routed.shape)}")
     if positions.shape != routed.shape[:2]:
         raise ValueError(f"positions must be [B, S] = {tuple(routed.shape[:2])}, got {tuple(positions.shape)}")
     pad = routed == PAD_EXPERT
-    row_pad = pad.all(-1)
-    if (pad.any(-1) & ~row_pad).any():
-        raise ValueError("routed_experts has rows mixing expert ids and the -1 sentinel")
-    ok = row_pad[..., None] | ((routed >= 0) & (routed < num_experts))
+    token_pad = pad.flatten(2).all(-1)  # [B, S]: a token is recorded in every layer or in none
+    if (pad.flatten(2).any(-1) & ~token_pad).any():
+        raise ValueError("routed_experts has tokens mixing expert ids and the -1 sentinel")
+    ok = token_pad[..., None, None] | ((routed >= 0) & (routed < num_experts))
     if not ok.all():
         raise ValueError(f"routed_experts has ids outside [0, {num_experts})")
     srt = routed.sort(-1).values
-    if ((srt[..., 1:] == srt[..., :-1]) & ~row_pad[..., None]).any():
+    if ((srt[..., 1:] == srt[..., :-1]) & ~token_pad[..., None, None]).any():
         raise ValueError("routed_experts has a repeated expert in one row")
+    used = ~token_pad & (positions >= 0)
+    b_idx, s_idx = used.nonzero(as_tuple=True)
+    key = b_idx * (int(positions.max()) + 1 if positions.numel() else 1) + positions[b_idx, s_idx]
+    if key.unique().numel() != key.numel():
+        raise ValueError("two rows of routed_experts give routes for the same (sample, position)")
+    return b_idx, s_idx
 
 
 @contextmanager
@@ -223,9 +230,9 @@ def replay_routes(model: nn.Module, routed_experts: Tensor, positions: Tensor) -
 
     Args:
         model: a transformers MoE model with routers listed in :data:`GATE_RULES`.
-        routed_experts: long ``[B, S, L, E]`` recorded expert ids (``-1`` rows = not
-            recorded: that token routes normally).  ``B`` must equal the batch of each
-            forward inside the context.
+        routed_experts: long ``[B, S, L, E]`` recorded expert ids (a token whose rows are
+            all ``-1`` in every layer was not recorded: it routes normally).  ``B`` must
+            equal the batch of each forward inside the context.
         positions: long ``[B, S]`` index, in the forward's sequence dimension, of the token
             each row belongs to (``-1`` = unused row).  E.g. for response-aligned routes
             (``RolloutBatch.routed_experts``): first response index of sample ``b`` minus 1 plus ``t``.
@@ -234,18 +241,17 @@ def replay_routes(model: nn.Module, routed_experts: Tensor, positions: Tensor) -
     ``idx`` the recorded ids where given (else the router's own choice) and ``scores`` the
     model's gate rule applied at ``idx`` — differentiable with respect to the router
     weights and the hidden states.  Raises ``ValueError`` on a malformed table (wrong
-    shape, ids out of range, repeated ids in a row, rows partly -1), ``RuntimeError`` if a
-    forward's batch differs from ``B`` or a position is beyond its sequence length.
+    shape, ids out of range, repeated ids in a row, a token partly -1, two rows for one
+    (sample, position)), ``RuntimeError`` if a forward's batch differs from ``B`` or a
+    position is beyond its sequence length.
     """
     routers = moe_routers(model)
     if not routers:
         raise ValueError(f"{type(model).__name__} has no mixture-of-experts router: nothing to replay")
     routed_experts = routed_experts.long()
     positions = positions.long()
-    _check_table(routed_experts, positions, len(routers), int(routers[0].num_experts))
+    b_idx, s_idx = _used_rows(routed_experts, positions, len(routers), int(routers[0].num_experts))
     shapes = _Shapes(model, routers)
-    used = (positions >= 0) & (routed_experts[:, :, 0, 0] != PAD_EXPERT)  # [B, S]
-    b_idx, s_idx = used.nonzero(as_tuple=True)
     pos = positions[b_idx, s_idx]  # [K]
     table = routed_experts[b_idx, s_idx]  # [K, L, E]
 

@@ -186,10 +186,16 @@ def test_malformed_tables_and_dense_models_are_refused():
     model = tiny_moe()
     seq, routes = generate(model)
     pos = torch.arange(routes.shape[1]).expand(B, -1)
-    bad = routes.clone()
-    bad[0, 0, 0, 1] = PAD_EXPERT  # half a row padded
-    with pytest.raises(ValueError, match="mixing"):
-        with replay_routes(model, bad, pos):
+    for layer, cols in ((0, [1]), (1, [0, 1])):  # half a row padded; one layer of a token padded
+        bad = routes.clone()
+        bad[0, 0, layer, cols] = PAD_EXPERT
+        with pytest.raises(ValueError, match="mixing"):
+            with replay_routes(model, bad, pos):
+                pass
+    dup = pos.clone()
+    dup[1, 3] = dup[1, 2]
+    with pytest.raises(ValueError, match="same"):
+        with replay_routes(model, routes, dup):
             pass
     bad = routes.clone()
     bad[0, 0, 0, 0] = 4
