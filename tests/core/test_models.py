@@ -1,0 +1,101 @@
+"""--model resolution and loading, the default model's cache, and the tiny test models."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from relax_core import models
+from relax_core.models import ModelLoadError
+from relax_core.validation import model_is_moe
+
+
+def test_missing_paths_and_non_model_dirs(tmp_path):
+    with pytest.raises(ModelLoadError, match="no such directory"):
+        models.resolve_model_path(str(tmp_path / "nope"))
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        models.resolve_model_path(str(tmp_path))
+    assert models.resolve_model_path("some-org/some-model") == "some-org/some-model"  # a hub name
+
+
+def test_hub_name_offline_fails_clearly(monkeypatch):
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="(?s)could not load it as a hub name.*local Hugging Face model directory"):
+        models.load_tokenizer("relax-nonexistent-org/relax-nonexistent-model")
+
+
+def test_default_cache_is_atomic_and_tied_to_the_gguf(tmp_path, monkeypatch):
+    monkeypatch.setenv("RELAX_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def fake_convert(gguf, out):
+        calls.append(out)
+        if len(calls) == 1:
+            (out / "partial.bin").write_text("x")
+            raise RuntimeError("crash mid-conversion")
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "_convert_gguf", fake_convert)
+    with pytest.raises(RuntimeError, match="crash"):
+        models.ensure_default_model()
+    target = tmp_path / "models" / models.DEFAULT_MODEL
+    assert not target.exists() and not list((tmp_path / "models").iterdir())  # nothing half-written left
+    assert models.ensure_default_model() == target and len(calls) == 2
+    assert (target / "config.json").is_file()
+    assert json.loads((target / models._MARKER).read_text()) == models._marker_for(models.default_gguf_path())
+    assert models.ensure_default_model() == target and len(calls) == 2  # cached: no conversion
+    (target / models._MARKER).write_text(json.dumps({"format": -1}))  # stale copy: converted again
+    assert models.ensure_default_model() == target and len(calls) == 3
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == [models.DEFAULT_MODEL]
+
+
+def test_tiny_models(tmp_path):
+    a = models.make_tiny_model(tmp_path / "a", seed=0)
+    b = models.make_tiny_model(tmp_path / "b", seed=0)
+    c = models.make_tiny_model(tmp_path / "c", seed=1)
+    moe = models.make_tiny_model(tmp_path / "moe", moe=True)
+    ma, mb, mc, mm = (models.load_model(str(p)) for p in (a, b, c, moe))
+    assert all(torch.equal(x, mb.state_dict()[k]) for k, x in ma.state_dict().items())  # seeded
+    assert not torch.equal(ma.model.embed_tokens.weight, mc.model.embed_tokens.weight)
+    assert type(ma).__name__ == "Qwen3ForCausalLM" and type(mm).__name__ == "Qwen3MoeForCausalLM"
+    assert mm.config.num_experts == 4 and mm.config.num_experts_per_tok == 2
+    assert ma.config.vocab_size == 49152 and ma.config.hidden_size == 64
+    assert model_is_moe(str(moe)) is True and model_is_moe(str(a)) is False
+    tok = models.load_tokenizer(str(a))
+    assert tok.chat_template and tok.eos_token_id == ma.config.eos_token_id == ma.generation_config.eos_token_id
+    ids = tok.apply_chat_template([{"role": "user", "content": "2+2?"}], add_generation_prompt=True)["input_ids"]
+    assert ma(input_ids=torch.tensor([ids])).logits.shape == (1, len(ids), 49152)
+
+
+def test_load_state_dict_in_place(tmp_path):
+    m = models.load_model(str(models.make_tiny_model(tmp_path / "a", seed=0)))
+    other = models.load_model(str(models.make_tiny_model(tmp_path / "b", seed=3)))
+    ptr = m.model.embed_tokens.weight.data_ptr()
+    sd = {k: v for k, v in other.state_dict().items() if k != "lm_head.weight"}  # tied: given once
+    models.load_state_dict_(m, sd)
+    assert m.model.embed_tokens.weight.data_ptr() == ptr  # in place, tie kept
+    assert torch.equal(m.lm_head.weight, other.lm_head.weight)
+    sd["model.norm.weight"] = torch.zeros(3)
+    with pytest.raises(ValueError, match="shape"):
+        models.load_state_dict_(m, sd)
+
+
+@pytest.mark.slow
+def test_default_model_cache_equals_the_gguf():
+    """The cached safetensors copy computes the same logits as the GGUF loaded directly."""
+    from transformers import AutoModelForCausalLM
+
+    gguf = models.default_gguf_path()
+    direct = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    cached = models.load_model(models.DEFAULT_MODEL)
+    tok = models.load_tokenizer(models.DEFAULT_MODEL)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 3+4?"}], add_generation_prompt=True)["input_ids"]
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        torch.testing.assert_close(cached(input_ids=x).logits, direct(input_ids=x).logits, atol=0, rtol=0)
+    assert tok.eos_token == "<|im_end|>" and tok.chat_template
+    assert os.path.isfile(models.ensure_default_model() / "model.safetensors")
