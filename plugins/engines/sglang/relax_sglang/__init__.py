@@ -1,0 +1,1 @@
+"""relax-sglang: SGLang rollout engine (GPU only; install the ``[engine]`` extra)."""

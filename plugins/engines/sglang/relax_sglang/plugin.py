@@ -1,0 +1,44 @@
+"""Hook implementations of relax-sglang (registration only; nothing heavy imported)."""
+
+from dataclasses import dataclass
+
+from relax_core import EngineCapabilities, EngineSpec, hookimpl, param
+
+INSTALL_HINT = "pip install -e 'plugins/engines/sglang[engine]' (about 10 GB; needs a CUDA GPU and driver)"
+
+
+@dataclass(frozen=True)
+class SGLangParams:
+    mode: str = param("server", "server: an SGLang HTTP server subprocess, weights pushed from disk; engine: "
+                      "in-process sglang.Engine (colocated), weights pushed as tensors.",
+                      flag="--sglang-mode", choices=("server", "engine"))
+    mem_fraction_static: float = param(0.5, "Fraction of GPU memory for weights + KV cache (--mem-fraction-static).",
+                                       flag="--sglang-mem-fraction-static", gt=0, lt=1)
+    port: int = param(0, "Server port on 127.0.0.1 (0 = a free port).", flag="--sglang-port", ge=0, le=65535)
+    context_length: int = param(0, "Max prompt + response tokens (0 = the model's own).",
+                                flag="--sglang-context-length", unit="tokens", ge=0)
+    startup_timeout: float = param(600.0, "Seconds to wait for the server to become healthy.",
+                                   flag="--sglang-startup-timeout", unit="s", gt=0)
+    request_timeout: float = param(600.0, "Seconds before one HTTP request to the server times out.",
+                                   flag="--sglang-request-timeout", unit="s", gt=0)
+
+
+@hookimpl
+def relax_register_rollout_engines():
+    return [EngineSpec(
+        name="sglang",
+        summary="SGLang native /generate: tempered log-probs, top-k, routed experts (R3); weights from disk or tensors. GPU only, untested on GPU so far.",
+        source="Zheng et al. 2024, SGLang: Efficient Execution of Structured Language Model Programs (NeurIPS'24)",
+        factory="relax_sglang.factory:build",
+        params=SGLangParams,
+        capabilities=EngineCapabilities(
+            devices=frozenset({"cuda"}),
+            returns_log_probs=True,
+            returns_top_k_log_probs=True,
+            returns_routed_experts=True,
+            supports_weight_update=True,
+            supports_tensor_parallel=True,
+            supports_sampling_penalties=True,
+            supports_stop_strings=True,
+        ),
+    )]
