@@ -88,6 +88,9 @@ class ActorLoss:
         old_from_current: use ``detach(log π_θ)`` as ``log π_old`` (exactly one update per
             rollout with the engine and the trainer on the same weights); else
             ``micro_batch.tensors['old_log_probs']``.
+        process_group: the data-parallel group, given to the estimator as
+            ``PolicyLossInput.process_group`` for statistics it reduces across ranks
+            (``None`` = this process holds the whole batch).
 
     Micro-batch tensors used: ``advantages`` ``[b, T]``, ``old_log_probs``,
     ``rollout_log_probs``, ``ref_log_probs`` (KL loss), ``top_k_ids``/``top_k_log_probs``.
@@ -98,13 +101,14 @@ class ActorLoss:
     """
 
     def __init__(self, estimator: Any, corrections: list[Any], settings: LossSettings, *,
-                 num_tokens: float, num_samples: float, old_from_current: bool) -> None:
+                 num_tokens: float, num_samples: float, old_from_current: bool, process_group: Any = None) -> None:
         self.estimator = estimator
         self.corrections = corrections
         self.s = settings
         self.num_tokens = num_tokens
         self.num_samples = num_samples
         self.old_from_current = old_from_current
+        self.process_group = process_group
         self.needs_entropy = True  # train/entropy is always reported
         self.needs_top_k = any(getattr(c, "needs_top_k", False) for c in corrections)
         self.is_weight = next((c.is_weight for c in corrections if callable(getattr(c, "is_weight", None))), None)
@@ -123,7 +127,7 @@ class ActorLoss:
         rollout_lp = t.get("rollout_log_probs")
         pl = self.estimator.policy_loss(PolicyLossInput(
             log_probs=log_probs, old_log_probs=old, advantages=t["advantages"], loss_mask=mask,
-            rollout_log_probs=rollout_lp))
+            rollout_log_probs=rollout_lp, process_group=self.process_group))
         per_token, token_metrics, scalar_metrics = pl.loss, dict(pl.token_metrics), dict(pl.scalar_metrics)
         for corr in self.corrections:
             co = corr.apply(CorrectionInput(
