@@ -25,11 +25,11 @@ flattened tokens of a ``[B, S]`` forward; ``X`` = experts, ``E`` = experts per t
 ``routed[b, t]`` holds the experts of the forward *input* position that predicts response
 token ``t`` (the last prompt token for ``t = 0``, response token ``t - 1`` after), the
 layout of ``RolloutBatch.routed_experts``.  In the training forward over prompt + response,
-that input sits at ``positions[b, t] = (index of the first response token of sample b) - 1 + t``.  Replay is keyed by
-``(sample, layer, position)``, never by call order, so any number of forwards (old
-log-probs, the training forward, activation recomputation) replay the same routes.
-Positions absent from the table, and rows of ``-1`` (the padding sentinel, never expert 0),
-route normally.  To also replay the prompt's own routes, pass ``routes`` with
+that input sits at ``positions[b, t] = (index of the first response token of sample b) - 1 + t``.
+Replay is keyed by ``(sample, layer, position)``, never by call order, so any number of
+forwards (old log-probs, the training forward, activation recomputation) replay the same
+routes.  Positions absent from the table, and tokens whose rows are ``-1`` (the padding
+sentinel, never expert 0), route normally.  To also replay the prompt's own routes, pass ``routes`` with
 ``positions = arange(S)`` (after aligning the padding of both layouts).
 
 ``L`` counts the router modules in ``model.named_modules()`` order (dense layers of a
