@@ -14,6 +14,7 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 
 from relax_core.routing import (  # noqa: E402
+    GATE_RULES,
     PAD_EXPERT,
     is_moe,
     moe_routers,
@@ -227,12 +228,32 @@ def test_malformed_tables_and_dense_models_are_refused():
             pass
 
 
-def test_mixtral_gate_rule_identity():
+_COMMON = dict(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=8)
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16)
+_LINEAR = dict(linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+               layer_types=["full_attention", "full_attention"])
+ROUTER_MODELS = {  # router class -> (config class, model class, config kwargs)
+    "Qwen3MoeTopKRouter": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(_MOE, norm_topk_prob=True)),
+    "Qwen2MoeTopKRouter": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", _MOE),
+    "OlmoeTopKRouter": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=4, num_experts_per_tok=2)),
+    "Qwen3NextTopKRouter": ("Qwen3NextConfig", "Qwen3NextForCausalLM", dict(_MOE, **_LINEAR)),
+    "Qwen3_5MoeTopKRouter": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", dict(_MOE, **_LINEAR)),
+    "MixtralTopKRouter": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
+}
+
+
+def test_every_gate_rule_is_tested():
+    assert set(ROUTER_MODELS) == set(GATE_RULES)
+
+
+@pytest.mark.parametrize("router", sorted(ROUTER_MODELS))
+def test_gate_rule_identity(router):
+    """Replaying a model's own routes changes nothing: the gate rule matches the model's."""
+    cfg_cls, model_cls, kw = ROUTER_MODELS[router]
     torch.manual_seed(0)
-    cfg = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
-                                     num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                     num_local_experts=4, num_experts_per_tok=2)
-    model = transformers.MixtralForCausalLM(cfg).eval()
+    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**_COMMON, **kw)).eval()
+    assert {type(r).__name__ for r in moe_routers(model)} == {router}
     seq = torch.randint(0, 64, (2, 7))
     nat = natural_routes(model, seq)
     ref = model(seq).logits
