@@ -10,7 +10,7 @@ the same process and the ratio is printed.  Throughput counts the padded B·T to
 Then M2PO's band solver on n = 1k … 8M harmful tokens: time / (n log2 n) should stay
 roughly flat (the solver is a sort plus prefix sums).
 
-Run:  .venv/bin/python benchmarks/estimators.py [--threads 1] [--quick]
+Run:  .venv/bin/python benchmarks/estimators.py [--threads 1] [--quick | --smoke]
 Results of one run are kept in benchmarks/results/estimators.txt.
 """
 
@@ -204,29 +204,44 @@ def throughput(B, T, group, repeats):
         print(f"{name:<10}{tokens / tv:>18,.0f}{tokens / tl:>14,.0f}{tl / tv:>9.1f}x")
 
 
-def solver_scaling(sizes):
+def solver_scaling(sizes, repeats=3):
+    """Time M2PO's band solver at each n; print ns / (n log2 n) and the fitted exponent k of
+    time ∝ n^k over n ≥ 64k (O(n log n) gives k slightly above 1; O(n²) would give 2)."""
     from relax_m2po.m2po import solve_bounds
 
     print("\nM2PO band solver (float64 sort + prefix sums), δ² ~ (0.3·N(0,1))², budget = mean/4")
     print(f"{'n':>10}{'time (ms)':>12}{'ns / (n log2 n)':>18}")
     g = torch.Generator().manual_seed(0)
+    rows = []
     for n in sizes:
         d = (torch.randn(n, generator=g, dtype=torch.float64) * 0.3) ** 2
         budget = float(d.mean()) / 4
-        t = timed(lambda: solve_bounds(d, budget, 0.05, 0.05), 3)
+        t = timed(lambda: solve_bounds(d, budget, 0.05, 0.05), repeats)
+        rows.append((n, t))
         print(f"{n:>10,}{t * 1e3:>12.2f}{t * 1e9 / (n * math.log2(n)):>18.3f}")
+    big = [(math.log(n), math.log(t)) for n, t in rows if n >= 64_000]
+    if len(big) >= 2:
+        mx, my = statistics.fmean(x for x, _ in big), statistics.fmean(y for _, y in big)
+        k = sum((x - mx) * (y - my) for x, y in big) / sum((x - mx) ** 2 for x, _ in big)
+        print(f"fitted exponent over n >= 64k: time ∝ n^{k:.2f}")
+    return rows
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    ap.add_argument("--quick", action="store_true", help="B=128 and solver sizes up to 1M (smoke run)")
+    ap.add_argument("--quick", action="store_true", help="B=128 and solver sizes up to 1M")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes (checks the script runs)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} cores, {a.threads} thread(s), "
           f"load average {load} (a shared machine: absolute figures are noisy; each ratio is measured side by side)")
     check_agreement()
+    if a.smoke:
+        throughput(16, 64, 8, repeats=1)
+        solver_scaling([1_000, 4_000], repeats=1)
+        return
     throughput(128 if a.quick else 1024, 1024, 8, repeats=3)
     sizes = [1_000, 4_000, 16_000, 64_000, 256_000, 1_000_000] + ([] if a.quick else [4_000_000, 8_000_000])
     solver_scaling(sizes)
