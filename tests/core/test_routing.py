@@ -80,6 +80,22 @@ def test_replay_of_natural_routes_is_the_identity(norm):
     assert torch.equal(model(seq).logits, ref)  # hooks are gone after the context
 
 
+def test_replay_identity_in_bfloat16():
+    model = tiny_moe()
+    seq, _ = generate(model)
+    pos = torch.arange(seq.shape[1]).expand(B, -1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the backend's --bf16
+        nat = natural_routes(model, seq)
+        ref = model(seq).logits
+        with replay_routes(model, nat, pos):
+            assert torch.equal(model(seq).logits, ref)
+    model = model.to(torch.bfloat16)
+    nat = natural_routes(model, seq)
+    ref = model(seq).logits
+    with replay_routes(model, nat, pos):
+        assert torch.equal(model(seq).logits, ref)
+
+
 def _perturb_near_boundary(model, seq):
     """Copy ``model`` and nudge its last router so that the token nearest a top-k boundary
     in that layer switches experts; returns (new model, (b, s) of that token)."""
