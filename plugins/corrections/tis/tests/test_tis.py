@@ -142,6 +142,26 @@ def test_errors():
     assert build(TISParams(), None).clip_low == 0.0
 
 
+def _dry_run(*args):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    return CliRunner().invoke(app, ["train", "--dry-run", "--correction", "tis", *args])
+
+
+def test_startup_refusals_and_valid_runs():
+    res = _dry_run("--use-rollout-logprobs")
+    assert res.exit_code == 2
+    assert "correction 'tis' (relax-tis" in res.output and "[conflicts_with_rollout_logprobs_as_old]" in res.output
+    assert "fix: drop --use-rollout-logprobs or this correction" in res.output
+    res = _dry_run("--tis-level", "sequence", "--context-parallel-size", "2")
+    assert res.exit_code == 2 and "correction 'tis'" in res.output and "[supports_context_parallel]" in res.output
+    for args in ((), ("--advantage-estimator", "rloo", "--calculate-per-token-loss"), ("--tis-level", "geometric")):
+        res = _dry_run(*args)
+        assert res.exit_code == 0, res.output
+
+
 def test_contract():
     testing = pytest.importorskip("relax_core.testing")
     if not hasattr(testing, "check_contract"):
