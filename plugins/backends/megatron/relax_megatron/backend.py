@@ -68,19 +68,22 @@ def init_parallel(tp: int, *, seed: int, cuda: bool) -> None:
     seed_tracker(seed, ps.get_tensor_model_parallel_rank())
 
 
-def token_stats(logits: Tensor, targets: Tensor, *, entropy: bool = False,
+def token_stats(logits: Tensor, targets: Tensor, *, temperature: float = 1.0, entropy: bool = False,
                 top_k_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Log-probs of ``targets``, entropy and log-probs at ``top_k_ids`` from vocab-sharded logits.
 
     ``logits`` ``[b, T, V/tp]`` is this rank's slice (vocabulary ids ``[r·V/tp, (r+1)·V/tp)``)
-    of the full logits; the statistics are those of the full-vocabulary softmax, all-reduced
-    over the TP group (forward: sum; backward: identity, as every rank holds the same loss)::
+    of the full logits; the statistics are those of the full-vocabulary softmax at
+    temperature ``τ`` (the rollout temperature, as in the torch backend, so that they compare
+    with the engine's log q), all-reduced over the TP group (forward: sum; backward:
+    identity, as every rank holds the same loss)::
 
-        log p(y) = z_y − log Σ_v exp z_v          (z = logits − max, in float32)
+        log p(y) = z_y − log Σ_v exp z_v          (z = logits / τ − max, in float32)
         H        = log Σ exp z − Σ_v p_v z_v
 
     Args:
         logits: ``[b, T, V/tp]`` (any float dtype; computed in float32).
+        temperature: ``τ > 0``.
         targets: long ``[b, T]`` token ids in ``[0, V)``.
         entropy: also return the entropy ``[b, T]`` (nats).
         top_k_ids: long ``[b, T, k]``: also return ``log p`` at these ids ``[b, T, k]``.
@@ -92,7 +95,7 @@ def token_stats(logits: Tensor, targets: Tensor, *, entropy: bool = False,
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region as tp_sum
 
     tp = ps.get_tensor_model_parallel_world_size()
-    z = logits.float()
+    z = logits.float() / temperature
     vl = z.shape[-1]
     start = ps.get_tensor_model_parallel_rank() * vl
     m = z.detach().max(dim=-1, keepdim=True).values  # [b, T, 1]; a constant shift
@@ -141,12 +144,22 @@ def pack_sequences(prompt_ids: list[list[int]], response_ids: Tensor) -> tuple[T
 
 
 class MegatronBackend:
-    """:class:`~relax_core.contracts.TrainBackend` on Megatron-core (actor and reference roles)."""
+    """:class:`~relax_core.contracts.TrainBackend` on Megatron-core (actor and reference roles).
+
+    Args:
+        hf_config / hf_state_dict: the Hugging Face config and full weights of the actor.
+        tp: tensor-parallel size (= world size).
+        temperature: ``--rollout-temperature`` (1 when 0); log-probs, entropy and top-k
+            log-probs are those of ``softmax(z / τ)``, like the torch backend's.
+        ref_loader: ``() -> HF state dict`` of the reference model, called by
+            :meth:`setup` when a reference is needed.
+        Other arguments: the run's optimizer and batching flags.
+    """
 
     def __init__(self, hf_config: Any, hf_state_dict: dict[str, Tensor], *, tp: int = 1, lr: float = 1e-5,
                  weight_decay: float = 0.0, clip_grad: float = 1.0, warmup_steps: int = 0,
-                 micro_batch_size: int | None = None, seed: int = 1234, bf16: bool = False,
-                 ref_state_dict: dict[str, Tensor] | None = None, model_source: str | None = None) -> None:
+                 micro_batch_size: int | None = None, seed: int = 1234, bf16: bool = False, temperature: float = 1.0,
+                 ref_loader: Any = None, tokenizer_source: str | None = None) -> None:
         self.cuda = torch.cuda.is_available()
         init_parallel(tp, seed=seed, cuda=self.cuda)
         from megatron.core import parallel_state as ps
@@ -157,31 +170,68 @@ class MegatronBackend:
         self.arch = convert.arch_from_hf_config(hf_config)
         convert.check_tp(self.arch, tp)
         self.dtype = torch.bfloat16 if bf16 else torch.float32
+        self.temperature = temperature if temperature > 0 else 1.0
         self.model = self._build(hf_state_dict)
-        self.ref = self._build(ref_state_dict).eval().requires_grad_(False) if ref_state_dict is not None else None
+        self.ref: Any = None
+        self.ref_loader = ref_loader
+        self.needs_top_k = False
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
         self.base_lr, self.clip_grad, self.warmup_steps = lr, clip_grad, warmup_steps
         self.micro_batch_size = micro_batch_size
-        self.model_source = model_source
+        self.tokenizer_source = tokenizer_source
         self.step = 0
 
     def _build(self, state_dict: dict[str, Tensor]) -> Any:
         model = convert.build_gpt_model(self.arch, params_dtype=self.dtype, bf16=self.dtype == torch.bfloat16)
         convert.load_hf_state_dict(model, state_dict, self.arch)
-        return model.to(self.device)
+        return model.to(self.device).eval()
+
+    def setup(self, *, needs_ref: bool = False, needs_critic: bool = False, needs_top_k: bool = False,
+              routing_replay: bool = False, critic_settings: Any = None) -> None:
+        """Build the roles the run needs (called once by the launcher).
+
+        Raises:
+            ValueError: a critic or routing replay is asked (declared unsupported, so the
+                startup validation refuses such runs first), or a reference without a loader.
+        """
+        if needs_critic or routing_replay:
+            raise ValueError("the megatron backend trains no critic and does not replay routes")
+        self.needs_top_k = needs_top_k
+        if needs_ref and self.ref is None:
+            if self.ref_loader is None:
+                raise ValueError("a reference model is needed but no ref_loader was given")
+            self.ref = self._build(self.ref_loader()).requires_grad_(False)
 
     # ------------------------------------------------------------------ forward
     def _forward(self, model: Any, mb: TrainBatch, *, entropy: bool, top_k: bool) -> ForwardOutput:
-        ids, pos, at = pack_sequences(mb.prompt_ids, mb.response_ids.clamp(0, self.arch.vocab_size - 1))
+        """One micro-batch; values are 0 off ``loss_mask``.
+
+        Raises:
+            ValueError: response ids outside the vocabulary at ``loss_mask`` positions.
+        """
+        v = self.arch.vocab_size
+        mask = mb.loss_mask.bool()
+        resp = mb.response_ids.long()
+        in_range = (resp >= 0) & (resp < v)
+        if not in_range[mask].all():
+            raise ValueError(f"response token ids outside the vocabulary [0, {v}) at loss_mask positions")
+        resp = torch.where(in_range, resp, 0)  # garbage off the mask: any valid id
+        ids, pos, at = pack_sequences(mb.prompt_ids, resp)
         s = ids.shape[1]
         causal = torch.triu(torch.ones(s, s, dtype=torch.bool, device=self.device), diagonal=1)[None, None]
         logits = model(ids.to(self.device), pos.to(self.device), causal)  # [b, S, V/tp]
         at = at.to(self.device)
         picked = logits.gather(1, at.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [b, T, V/tp]
-        targets = mb.response_ids.to(self.device).clamp(0, self.arch.vocab_size - 1)
-        top_ids = mb.tensors["top_k_ids"].to(self.device).clamp(0, self.arch.vocab_size - 1) if top_k else None
-        lp, ent, top = token_stats(picked, targets, entropy=entropy, top_k_ids=top_ids)
-        return ForwardOutput(log_probs=lp, entropy=ent, top_k_log_probs=top)
+        top_ids = None
+        if top_k:
+            if "top_k_ids" not in mb.tensors:
+                raise KeyError("top-k log-probs asked but the batch has no tensors['top_k_ids']")
+            top_ids = mb.tensors["top_k_ids"].to(self.device).long().clamp(0, v - 1)
+        lp, ent, top = token_stats(picked, resp.to(self.device), temperature=self.temperature, entropy=entropy,
+                                   top_k_ids=top_ids)
+        m = mask.to(self.device)
+        zero = lambda x: None if x is None else torch.where(m.view(*m.shape, *[1] * (x.dim() - 2)), x, 0.0)  # noqa: E731
+        return ForwardOutput(log_probs=zero(lp), entropy=zero(ent), top_k_log_probs=zero(top))
 
     def _micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
         n = batch.size
@@ -193,11 +243,12 @@ class MegatronBackend:
 
     def forward(self, batch: TrainBatch, *, role: str = "actor", entropy: bool = False,
                 top_k: bool = False) -> ForwardOutput:
-        """Log-probs (and entropy, top-k log-probs) of the batch's responses without grad.
+        """No-grad log-probs (and entropy, top-k log-probs) ``[B, T]`` of the batch's
+        responses, float32 on CPU, 0 off ``loss_mask``.
 
         Raises:
-            ValueError: ``role`` is ``critic`` (not supported) or ``ref`` without a
-                reference model.
+            ValueError: ``role`` is ``critic`` (not supported) or ``ref`` before
+                ``setup(needs_ref=True)``.
         """
         if role == "actor":
             model = self.model
@@ -235,37 +286,57 @@ class MegatronBackend:
             dist.all_reduce(sharded, group=self.ps.get_tensor_model_parallel_group())
         return float((sharded + replicated).sqrt())
 
+    def lr(self) -> float:
+        """Learning rate of the next step: linear warm-up ``lr·(s+1)/W`` for ``s < W``, then ``lr``."""
+        w = self.warmup_steps
+        return self.base_lr * (min(1.0, (self.step + 1) / w) if w > 0 else 1.0)
+
     def train_step(self, batch: TrainBatch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]:
-        """One optimizer step over ``batch`` (gradient accumulation over micro-batches).
+        """One AdamW step of the actor over ``batch`` (gradient accumulation over micro-batches).
 
         ``loss_fn(micro_batch, forward_output) -> (loss, metrics)`` returns the micro-batch's
         loss already scaled by the global denominators, so the accumulated gradient is the
-        global batch's.  The step is skipped (gradients dropped) when the loss or the
-        gradient norm is not finite.
+        global batch's.  A micro-batch whose loss is not finite is not backpropagated, and
+        the step is skipped when any loss, metric or the gradient norm is not finite.
 
         Returns:
-            ``train/grad_norm`` (before clipping), ``train/lr``, ``train/step_skipped``.
+            the same keys as the torch backend: ``loss`` and each ``loss_fn`` metric summed
+            over micro-batches, ``grad_norm`` (before clipping), ``lr``, ``skipped`` (0/1),
+            ``micro_batches``, and ``nonfinite/<name>: 1`` for each offender.
 
         Raises:
             ValueError: ``role`` is not ``actor``.
         """
         if role != "actor":
             raise ValueError(f"megatron backend trains only the actor, not {role!r}")
-        self.model.train()
+        entropy = bool(getattr(loss_fn, "needs_entropy", True))
+        top_k = bool(getattr(loss_fn, "needs_top_k", self.needs_top_k))
         self.optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for mb in self._micro_batches(batch):
-            out = self._forward(self.model, mb, entropy=getattr(loss_fn, "needs_entropy", False),
-                                top_k=getattr(loss_fn, "needs_top_k", False))
-            loss, _ = loss_fn(mb, out)
-            loss.backward()
-            total += float(loss.detach())
+        sums: dict[str, float] = {"loss": 0.0}
+        bad: set[str] = set()
+        mbs = self._micro_batches(batch)
+        self.model.train()
+        try:
+            for mb in mbs:
+                loss, metrics = loss_fn(mb, self._forward(self.model, mb, entropy=entropy, top_k=top_k))
+                value = float(loss.detach())
+                sums["loss"] += value
+                for k, v in metrics.items():
+                    if k != "loss":
+                        sums[k] = sums.get(k, 0.0) + float(v)
+                    if not math.isfinite(float(v)):
+                        bad.add(k)
+                if not math.isfinite(value):
+                    bad.add("loss")
+                elif loss.requires_grad:
+                    loss.backward()
+        finally:
+            self.model.eval()
         norm = self._grad_norm()
-        lr = self.base_lr * min(1.0, (self.step + 1) / self.warmup_steps) if self.warmup_steps else self.base_lr
-        skipped = not (math.isfinite(total) and math.isfinite(norm))
-        if skipped:
-            self.optimizer.zero_grad(set_to_none=True)
-        else:
+        if not math.isfinite(norm):
+            bad.add("grad_norm")
+        lr = self.lr()
+        if not bad:
             if self.clip_grad > 0 and norm > self.clip_grad:
                 scale = self.clip_grad / (norm + 1e-6)
                 for p in self.model.parameters():
@@ -275,7 +346,10 @@ class MegatronBackend:
                 g["lr"] = lr
             self.optimizer.step()
             self.step += 1
-        return {"train/grad_norm": norm, "train/lr": lr, "train/step_skipped": float(skipped)}
+        self.optimizer.zero_grad(set_to_none=True)
+        result = {**sums, "grad_norm": norm, "lr": lr, "skipped": float(bool(bad)), "micro_batches": float(len(mbs))}
+        result.update({f"nonfinite/{k}": 1.0 for k in sorted(bad)})
+        return result
 
     # ------------------------------------------------------------------ weights out
     def _all_shards(self) -> list[dict[str, Tensor]]:
@@ -308,8 +382,8 @@ class MegatronBackend:
         model = AutoModelForCausalLM.from_config(self.hf_config, dtype=torch.float32)
         load_state_dict_(model, sd)
         model.save_pretrained(path)
-        if self.model_source is not None:
-            load_tokenizer(self.model_source).save_pretrained(path)
+        if self.tokenizer_source is not None:
+            load_tokenizer(self.tokenizer_source).save_pretrained(path)
 
     def save_checkpoint(self, path: str) -> None:
         """This rank's Megatron weights (safetensors) and optimizer state, plus the step."""
@@ -340,15 +414,15 @@ class MegatronBackend:
 
 
 def build(params: Any, config: Any) -> MegatronBackend:
-    """Factory: load ``--model`` (and ``--ref-load`` when a KL term needs it) and build the backend."""
+    """Factory: load ``--model`` and build the backend (the reference model, when a KL term
+    needs it, is loaded by ``setup`` from ``--ref-load`` or ``--model``)."""
     from relax_core.models import load_model
 
     hf = load_model(config.model)
-    ref_sd = None
-    if config.needs_reference_model:
-        ref_sd = load_model(config.ref_load).state_dict() if config.ref_load else hf.state_dict()
     return MegatronBackend(
         hf.config, hf.state_dict(), tp=config.tensor_parallel_size, lr=config.lr,
         weight_decay=config.weight_decay, clip_grad=config.clip_grad, warmup_steps=config.lr_warmup_steps,
         micro_batch_size=config.micro_batch_size, seed=config.seed, bf16=config.bf16,
-        ref_state_dict=ref_sd, model_source=config.model)
+        temperature=config.rollout_temperature,
+        ref_loader=lambda: load_model(config.ref_load or config.model).state_dict(),
+        tokenizer_source=config.model)

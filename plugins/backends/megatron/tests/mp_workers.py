@@ -63,6 +63,9 @@ class ToyLoss:
         return (loss * float("nan") if self.nan else loss), {}
 
 
+TEMPERATURE = 0.7
+
+
 def hf_reference(model, batch, steps_lr: float):
     """log-probs, entropy and top-k log-probs from transformers, then one AdamW step on
     the HF model with :class:`ToyLoss` (same packing as the backend)."""
@@ -71,7 +74,7 @@ def hf_reference(model, batch, steps_lr: float):
     ids, _, at = pack_sequences(batch.prompt_ids, batch.response_ids.clamp(0, VOCAB - 1))
 
     def stats():
-        logits = model(ids).logits.float()
+        logits = model(ids).logits.float() / TEMPERATURE
         lsm = torch.log_softmax(logits.gather(1, at[..., None].expand(-1, -1, VOCAB)), -1)  # [b, T, V]
         lp = lsm.gather(-1, batch.response_ids.clamp(0, VOCAB - 1)[..., None]).squeeze(-1)
         ent = -(lsm.exp() * lsm).sum(-1)
@@ -99,14 +102,18 @@ def worker(rank: int, world: int, port: int, kind: str, out_path: str) -> None:
 
     hf = tiny_hf(kind)
     batch = tiny_batch()
-    be = MegatronBackend(hf.config, hf.state_dict(), tp=world, lr=1e-3, clip_grad=0.0, micro_batch_size=2)
+    be = MegatronBackend(hf.config, hf.state_dict(), tp=world, lr=1e-3, clip_grad=0.0, micro_batch_size=2,
+                         temperature=TEMPERATURE, ref_loader=lambda: tiny_hf(kind).state_dict())
+    be.setup(needs_ref=True)
     fwd = be.forward(batch, entropy=True, top_k=True)
     n = float(batch.loss_mask.sum())
     before = be.engine_state_dict()
     skipped = be.train_step(batch, ToyLoss(n, nan=True))
     unchanged = max((be.engine_state_dict()[k] - before[k]).abs().max().item() for k in before)
     stepped = be.train_step(batch, ToyLoss(n))
-    res = {"log_probs": fwd.log_probs, "entropy": fwd.entropy, "top_k": fwd.top_k_log_probs,
+    ref_lp = be.forward(batch, role="ref").log_probs
+    actor_lp = be.forward(batch).log_probs
+    res = {"ref_log_probs": ref_lp, "actor_after": actor_lp,"log_probs": fwd.log_probs, "entropy": fwd.entropy, "top_k": fwd.top_k_log_probs,
            "skipped": skipped, "unchanged": unchanged, "stepped": stepped, "before": before,
            "after": be.engine_state_dict(), "step": be.step}
     if rank == 0:

@@ -102,9 +102,14 @@ def test_token_stats_and_train_step_equal_transformers(tp1):
         assert (tp1[key] - ref[key])[m].abs().max() < 1e-5, key
     assert (tp1["top_k"] - ref["top_k"])[m].abs().max() < 1e-5
     # the NaN loss step was skipped and left the weights untouched
-    assert tp1["skipped"]["train/step_skipped"] == 1.0 and tp1["unchanged"] == 0.0
-    assert tp1["stepped"]["train/step_skipped"] == 0.0 and tp1["step"] == 1
-    assert abs(tp1["stepped"]["train/grad_norm"] - ref["grad_norm"]) < 1e-5 * ref["grad_norm"]
+    assert tp1["skipped"]["skipped"] == 1.0 and tp1["skipped"]["nonfinite/loss"] == 1.0 and tp1["unchanged"] == 0.0
+    assert tp1["stepped"]["skipped"] == 0.0 and tp1["step"] == 1 and tp1["stepped"]["micro_batches"] == 2.0
+    assert tp1["stepped"]["loss"] == pytest.approx(ref["loss"], abs=1e-6)
+    assert abs(tp1["stepped"]["grad_norm"] - ref["grad_norm"]) < 1e-5 * ref["grad_norm"]
+    # the reference keeps the initial weights; the actor moved; off-mask values are 0
+    assert (tp1["ref_log_probs"] - ref["log_probs"])[m].abs().max() < 1e-5
+    assert (tp1["actor_after"] - tp1["ref_log_probs"])[m].abs().max() > 1e-4
+    assert (tp1["log_probs"][~m] == 0).all() and (tp1["entropy"][~m] == 0).all()
     # one AdamW step (lr 1e-3, update ≈ lr·sign(g)) lands on the same weights as transformers'
     after = tp1["after"]
     moved = max((after[k] - tp1["before"][k]).abs().max().item() for k in after)
@@ -120,7 +125,14 @@ def test_tp2_equals_tp1(tp1, tp2):
     for key in ("log_probs", "entropy"):
         assert (tp2[key] - tp1[key])[m].abs().max() < 1e-5, key
     assert (tp2["top_k"] - tp1["top_k"])[m].abs().max() < 1e-5
-    assert abs(tp2["stepped"]["train/grad_norm"] - tp1["stepped"]["train/grad_norm"]) < 1e-5
+    assert abs(tp2["stepped"]["grad_norm"] - tp1["stepped"]["grad_norm"]) < 1e-5
     assert all(torch.equal(tp2["before"][k], tp1["before"][k]) for k in tp1["before"])
     worst = max((tp2["after"][k] - tp1["after"][k]).abs().max().item() for k in tp1["after"])
     assert worst < 2e-5, worst
+
+
+def test_contract():
+    from relax_core.testing import check_contract
+    from relax_megatron.plugin import relax_register_train_backends
+
+    check_contract(relax_register_train_backends()[0])

@@ -168,3 +168,10 @@ def test_capabilities_and_startup_validation():
     assert any(p.constraint == "devices" and "sglang" in p.component for p in problems)
     _, problems = resolve(RunConfig(rollout_engine="sglang", device="cuda"), reg)
     assert not [p for p in problems if "sglang" in p.component]
+
+
+def test_contract():
+    from relax_core.testing import check_contract
+    from relax_sglang.plugin import relax_register_rollout_engines
+
+    check_contract(relax_register_rollout_engines()[0])

@@ -160,3 +160,10 @@ def test_seeds_and_stop_strings(engine):
     assert not c.truncated[0] and stop not in c.texts[0]
     assert c.texts[0] == text[: text.index(stop)]
     assert 1 <= c.response_lengths[0] < 16
+
+
+def test_contract():
+    from relax_core.testing import check_contract
+    from relax_vllm.plugin import relax_register_rollout_engines
+
+    check_contract(relax_register_rollout_engines()[0])
