@@ -17,7 +17,8 @@ Three ways of doing the same work on the same tensors, alternated and repeated i
   time (per-sample token slices, Python accumulation of loss, clipfrac and ppo_kl).
 - **floor**: the time to read every input tensor once and write the gradient once, at the
   bandwidth an elementwise ``torch.add(x, y, out=z)`` reaches on the same machine with the
-  same threads (bytes of the variant's inputs + gradient, divided by the measured bandwidth).
+  same threads (bytes of the variant's inputs + gradient, divided by the measured bandwidth;
+  the fastest of 5 probes per repeat, as a floor should be).
   No implementation of these formulas can beat it; a fused single-pass kernel approaches it.
 
 Before timing, relax and loop are checked to agree (loss, gradient) on a small batch for
@@ -302,10 +303,10 @@ def run_size(name: str, B: int, repeats: int, loop_repeats: int, loop_variants: 
         tr, tl, tp = [], [], []
         for k in range(repeats):
             tr.append(_time(lambda: stage(b)))
-            tp.append(_time(probe))
+            tp.append(min(_time(probe) for _ in range(5)))
             if do_loop and k < loop_repeats:
                 tl.append(_time(lambda: loop_stage(est, corr, b)))
-        r, p = statistics.median(tr), statistics.median(tp)
+        r, p = statistics.median(tr), min(tp)
         floor = p * input_bytes(est, corr, B, T_LEN) / probe_bytes
         lo = statistics.median(tl) if tl else math.nan
         row = dict(size=name, variant=lab, tokens=tokens, relax_s=r, loop_s=lo, floor_s=floor,
