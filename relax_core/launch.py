@@ -73,8 +73,6 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
                 scorer.check([r["metadata"] for r in ds.rows])
     except RewardSetupError as e:
         return _error(str(e))
-    if cfg.launcher != "local":
-        return _error(f"--launcher {cfg.launcher} is not available in this build; use --launcher local")
 
     import numpy as np
     import torch
@@ -107,10 +105,21 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     routed = any(c.needs_routed_experts for c in corr_caps)
     critic_settings = getattr(estimator, "critic_settings", None) if est_caps.needs_critic else None
 
-    engine = build("engine", cfg.rollout_engine)
-    backend = build("backend", cfg.train_backend)
-    backend.setup(needs_ref=cfg.needs_reference_model, needs_critic=est_caps.needs_critic,
-                  needs_top_k=top_k > 0, routing_replay=routed, critic_settings=critic_settings)
+    runtime = None
+    if cfg.launcher == "ray":  # engines and training ranks as Ray actors (relax_core.distributed)
+        from relax_core.distributed.runtime import start_ray
+        from relax_core.models import load_tokenizer
+
+        runtime = start_ray(cfg, config_dict, corrections=[c.name for c in ctx.corrections],
+                            tokenizer=load_tokenizer(cfg.model),
+                            setup={"needs_ref": cfg.needs_reference_model, "needs_critic": est_caps.needs_critic,
+                                   "needs_top_k": top_k > 0, "routing_replay": routed})
+        engine, backend = runtime.engine, runtime.backend
+    else:
+        engine = build("engine", cfg.rollout_engine)
+        backend = build("backend", cfg.train_backend)
+        backend.setup(needs_ref=cfg.needs_reference_model, needs_critic=est_caps.needs_critic,
+                      needs_top_k=top_k > 0, routing_replay=routed, critic_settings=critic_settings)
 
     comps = Components(
         engine=engine, backend=backend, estimator=estimator, corrections=corrections, processors=processors,
@@ -118,7 +127,8 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
         top_k=top_k, routed_experts=routed,
         num_critic_only_steps=critic_settings.num_critic_only_steps if critic_settings else 0)
-    trainer = Trainer(cfg, comps, train_data, eval_data, run_dir, est_caps.policy_loss_kind, config_dict)
+    trainer_class = runtime.trainer_class if runtime else Trainer
+    trainer = trainer_class(cfg, comps, train_data, eval_data, run_dir, est_caps.policy_loss_kind, config_dict)
     info = {
         "relax_core": __import__("relax_core").__version__, "plugins": plugin_versions(reg),
         "git_commit": git_commit(Path(__file__).resolve().parent), "python": sys.version.split()[0],
@@ -126,6 +136,7 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
         "train_data": {"name": train_data.name, "rows": len(train_data), "skipped_rows": train_data.skipped},
         "eval_data": None if eval_data is None else {"name": eval_data.name, "rows": len(eval_data)},
         "command": sys.argv,
+        **({"ray_startup_s": runtime.startup_s} if runtime else {}),
     }
     (run_dir / "run_info.json").write_text(json.dumps(info, indent=2, default=str))
     try:
@@ -134,3 +145,5 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
         shutdown = getattr(engine, "shutdown", None)
         if shutdown:
             shutdown()
+        if runtime:
+            runtime.shutdown()

@@ -1,0 +1,273 @@
+"""Proxies that make Ray actors look like a local engine and backend.
+
+:class:`RayEngine` satisfies :class:`~relax_core.contracts.RolloutEngine` over the
+``--rollout-num-engines`` :class:`~relax_core.distributed.workers.EngineWorker` actors;
+:class:`RayBackend` satisfies :class:`~relax_core.contracts.TrainBackend` over the
+data-parallel :class:`~relax_core.distributed.workers.TrainWorker` ranks.  The driver's
+:class:`~relax_core.trainer.Trainer` calls them exactly as it calls local objects.
+
+Fault handling.  Engine actors are created with Ray actor restarts (``max_restarts``) and
+no automatic task retries: when a ``generate`` call fails because its actor died, or comes
+back from a restarted actor that no longer holds the current weights, :class:`RayEngine`
+pushes the current weights to it and re-issues that call's prompts; a result is accepted
+only from an actor holding the current weights, once per prompt, so no sample is lost or
+counted twice.  A training rank that dies cannot be replaced mid-step (its peers wait in
+collectives): :class:`RayBackend` raises :class:`TrainingWorkerDied` and the run stops; the
+last checkpoint (``--save-interval``) is the resumable state (``--resume``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from relax_core.distributed.workers import batch_to_dict, loss_recipe, sampling_to_dict
+
+#: attempts per generation chunk (1 + re-issues after an engine actor failure)
+MAX_GENERATE_ATTEMPTS = 4
+
+
+class TrainingWorkerDied(RuntimeError):
+    """A training rank died; the run cannot continue (resume from the last checkpoint)."""
+
+
+def split_even(n: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` consecutive ``[lo, hi)`` ranges covering ``range(n)``, sizes differing by
+    at most one (the first ``n % parts`` ranges one longer)."""
+    q, r = divmod(n, parts)
+    bounds = [0]
+    for i in range(parts):
+        bounds.append(bounds[-1] + q + (i < r))
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def chunk_seed(seed: int | None, chunk: int) -> int | None:
+    """Generation seed of engine chunk ``chunk`` (chunk 0 keeps the step's seed, so one
+    engine samples exactly what the local launcher samples)."""
+    return None if seed is None else (int(seed) + 7919 * chunk) % (2**31 - 1)
+
+
+def _pad_cat(xs: list[Any], value: float) -> Any:
+    """Concatenate ``[b_i, T_i, ...]`` tensors along dim 0, right-padding dim 1 with ``value``."""
+    import torch
+
+    if xs[0] is None:
+        return None
+    t = max(x.shape[1] for x in xs)
+    out = []
+    for x in xs:
+        if x.shape[1] < t:
+            pad = torch.full((x.shape[0], t - x.shape[1], *x.shape[2:]), value, dtype=x.dtype)
+            x = torch.cat([x, pad], dim=1)
+        out.append(x)
+    return torch.cat(out)
+
+
+class RayEngine:
+    """A :class:`~relax_core.contracts.RolloutEngine` over engine actors.
+
+    ``generate`` splits the prompts into one consecutive chunk per engine and runs the
+    chunks concurrently; ``update_weights`` pushes one object-store copy of the weights to
+    every engine (Ray serialises calls per actor, so a push lands between generation
+    requests).
+
+    Attributes:
+        tokenizer: the model's tokenizer (loaded by the driver).
+        version: the weight version every engine holds (0 = initial weights).
+        restarts: generation chunks re-issued after an engine actor failed or restarted.
+        colocate: offload engines after each generation (``--colocate``).
+    """
+
+    def __init__(self, actors: list[Any], tokenizer: Any, *, colocate: bool = False):
+        self.actors = actors
+        self.tokenizer = tokenizer
+        self.pad_token_id = tokenizer.pad_token_id or 0
+        self.colocate = colocate
+        self.version = 0
+        self.restarts = 0
+        self._weights: Any = None  # ObjectRef of the current weights (None: initial weights)
+
+    def generate(self, prompt_ids: list[list[int]], sampling: Any) -> Any:
+        """Sample one response per prompt over the engines (see the class docstring).
+
+        Raises:
+            RuntimeError: a chunk failed :data:`MAX_GENERATE_ATTEMPTS` times.
+        """
+        import ray
+        import torch
+
+        from relax_core.contracts import GenerationOutput
+
+        ranges = [r for r in split_even(len(prompt_ids), len(self.actors)) if r[1] > r[0]]
+        base = sampling_to_dict(sampling)
+        args = [(prompt_ids[lo:hi], {**base, "seed": chunk_seed(base["seed"], i)}) for i, (lo, hi) in enumerate(ranges)]
+        results: list[dict | None] = [None] * len(ranges)
+        attempts = [1] * len(ranges)
+        pending = {self.actors[i].generate.remote(*args[i]): i for i in range(len(ranges))}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            i = pending.pop(ready[0])
+            try:
+                out, version = ray.get(ready[0])
+                failure = None if version == self.version else f"weights version {version} != {self.version} (restarted)"
+            except ray.exceptions.RayActorError as e:
+                out, failure = None, f"{type(e).__name__}: {e}"
+            if failure is None:
+                results[i] = out
+                continue
+            if attempts[i] >= MAX_GENERATE_ATTEMPTS:
+                raise RuntimeError(f"rollout engine {i} failed {attempts[i]} times; last: {failure}")
+            attempts[i] += 1
+            self.restarts += 1
+            actor = self.actors[i]
+            if self._weights is not None:  # queued behind the restart: the current weights first
+                actor.update_weights.remote(self._weights, self.version)
+            pending[actor.generate.remote(*args[i])] = i
+        if self.colocate:
+            ray.get([a.offload.remote() for a in self.actors])
+        outs = [r for r in results if r is not None]
+        pads = {"response_ids": self.pad_token_id, "log_probs": 0.0, "top_k_ids": 0, "top_k_log_probs": 0.0,
+                "routed_experts": -1}
+        merged = {k: _pad_cat([o[k] for o in outs], v) for k, v in pads.items()}
+        return GenerationOutput(
+            response_lengths=torch.cat([o["response_lengths"] for o in outs]),
+            truncated=torch.cat([o["truncated"] for o in outs]),
+            texts=[t for o in outs for t in o["texts"]], **merged)
+
+    def update_weights(self, state_dict: Any, version: int) -> None:
+        """Push ``state_dict`` (a name → tensor dict or an ``ObjectRef`` of one) to every
+        engine; an engine that dies meanwhile gets it again after its restart."""
+        import ray
+
+        ref = state_dict if isinstance(state_dict, ray.ObjectRef) else ray.put(state_dict)
+        self._weights, self.version = ref, int(version)
+        failed = list(self.actors)
+        for _ in range(MAX_GENERATE_ATTEMPTS):
+            calls = {a.update_weights.remote(ref, self.version): a for a in failed}
+            failed = []
+            for call, actor in calls.items():
+                try:
+                    ray.get(call)
+                except ray.exceptions.RayActorError:
+                    failed.append(actor)
+            if not failed:
+                return
+            self.restarts += len(failed)
+        raise RuntimeError(f"{len(failed)} rollout engine(s) could not take the weights of step {version}")
+
+    def shutdown(self) -> None:
+        import ray
+
+        for a in self.actors:
+            try:
+                ray.get(a.shutdown.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - an engine that died needs no shutdown
+                pass
+
+
+class RayBackend:
+    """A :class:`~relax_core.contracts.TrainBackend` over the data-parallel ranks.
+
+    Every call shards the batch into ``world_size`` consecutive, as-equal-as-possible
+    pieces (``--global-batch-size`` is validated divisible), one per rank.  ``train_step``
+    sends each rank its shard and the loss's recipe (settings and the *global*
+    denominators); the ranks' gradients are summed by the backend's all-reduce, so the
+    step equals one process on the whole batch.  The loss metrics of the ranks are
+    contributions to global-batch values and are summed back into the driver's loss
+    object, whose ``metrics()`` the trainer reads.
+    """
+
+    def __init__(self, workers: list[Any]):
+        self.workers = workers
+        self.world_size = len(workers)
+
+    def _all(self, calls: list[Any]) -> list[Any]:
+        """Results of one call per rank, in rank order.
+
+        Raises:
+            TrainingWorkerDied: a rank died (its peers may be blocked in a collective)."""
+        import ray
+
+        index = {c: r for r, c in enumerate(calls)}
+        out: list[Any] = [None] * len(calls)
+        pending = list(calls)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            r = index[ready[0]]
+            try:
+                out[r] = ray.get(ready[0])
+            except ray.exceptions.RayActorError as e:
+                raise TrainingWorkerDied(f"training worker rank {r} of {self.world_size} died ({type(e).__name__}); "
+                                         "the run cannot continue without it") from e
+        return out
+
+    def _shards(self, batch: Any) -> list[dict]:
+        from relax_core.trainer import _slice
+
+        return [batch_to_dict(_slice(batch, lo, hi)) for lo, hi in split_even(batch.size, self.world_size)]
+
+    def forward(self, batch: Any, *, role: str = "actor", entropy: bool = False, top_k: bool = False) -> Any:
+        import torch
+
+        from relax_core.contracts import ForwardOutput
+
+        outs = self._all([w.forward.remote(s, role, entropy, top_k) for w, s in zip(self.workers, self._shards(batch))])
+        cat = {k: None if outs[0][k] is None else torch.cat([o[k] for o in outs]) for k in outs[0]}
+        return ForwardOutput(**cat)
+
+    def train_step(self, batch: Any, loss_fn: Any, *, role: str = "actor") -> dict[str, float]:
+        """One optimizer step on every rank (see the class docstring).  Returns the
+        backend's result for the global batch: ``loss`` and loss metrics summed over
+        ranks, ``grad_norm`` / ``lr`` of rank 0 (equal on every rank), ``skipped`` and
+        ``nonfinite/*`` if any rank reports them, ``micro_batches`` summed."""
+        recipe = loss_recipe(loss_fn)
+        outs = self._all([w.train_step.remote(s, recipe, role) for w, s in zip(self.workers, self._shards(batch))])
+        result: dict[str, float] = {}
+        for r, (res, _) in enumerate(outs):
+            for k, v in res.items():
+                if k in ("grad_norm", "lr"):
+                    result.setdefault(k, v)
+                elif k == "skipped" or k.startswith("nonfinite/"):
+                    result[k] = max(result.get(k, 0.0), v)
+                else:
+                    result[k] = result.get(k, 0.0) + v
+        for _, metrics in outs:  # the driver's loss object reports the global-batch metrics
+            for k, v in metrics.items():
+                loss_fn._acc.add(k.removeprefix("train/"), v)
+        return result
+
+    def engine_state_dict(self) -> Any:
+        """An ``ObjectRef`` of rank 0's weights (Hugging Face names), taken after the
+        calls already sent to it; :class:`RayEngine` passes it on without a copy through
+        the driver."""
+        return self.workers[0].engine_state_dict.remote()
+
+    def save_checkpoint(self, path: str) -> None:
+        """Rank 0 writes (the ranks' weights and optimizer states are equal); ``path``
+        must be on storage the driver and rank 0 share (multi-node: a shared file system)."""
+        self._all([self.workers[0].save_checkpoint.remote(str(Path(path).resolve()))])
+
+    def load_checkpoint(self, path: str) -> None:
+        self._all([w.load_checkpoint.remote(str(Path(path).resolve())) for w in self.workers])
+
+    def save_hf(self, path: str) -> None:
+        self._all([self.workers[0].save_hf.remote(str(Path(path).resolve()))])
+
+    def shutdown(self) -> None:
+        import ray
+
+        for w in self.workers:
+            try:
+                ray.get(w.shutdown.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - a dead rank needs no shutdown
+                pass
+
+
+def wait_alive(actors: list[Any], timeout: float = 600.0) -> float:
+    """Block until every actor answers ``ping`` (constructors done); returns the seconds."""
+    import ray
+
+    t0 = time.monotonic()
+    ray.get([a.ping.remote() for a in actors], timeout=timeout)
+    return time.monotonic() - t0

@@ -1,0 +1,157 @@
+"""Start or join Ray, reserve resources per role with placement groups, create the actors.
+
+Resources (``--actor-*``, ``--rollout-*`` flags; CPU counts stand in for GPUs on CPU):
+
+- training: ``--actor-num-nodes × --actor-num-gpus-per-node`` ranks, one bundle each
+  (``{GPU: 1, CPU: 1}``, or ``{CPU: 1}`` on CPU), in one placement group (strategy
+  ``PACK``: ranks fill a node before the next);
+- rollout: ``--rollout-num-engines`` engines, one bundle each (``{GPU:
+  --rollout-num-gpus-per-engine, CPU: 1}``, or ``{CPU: 1}`` on CPU), in a second group;
+- ``--colocate``: no rollout group; engine ``i`` runs in training bundle ``i mod ranks``
+  and shares its devices (on GPU each engine asks for a fraction of the bundle's GPU and
+  is offloaded after each generation when its plugin has ``offload()``/``onload()``; on
+  CPU nothing needs offloading: the engine simply runs on the rank's CPU);
+- reward scoring stays in the driver (the ``--reward-num-workers`` process pool of
+  :mod:`relax_core.rewarding`), which needs no placement.
+
+``--ray-address auto|<address>`` joins a running cluster (keep its token authentication
+on); otherwise Relax starts a local Ray bound to 127.0.0.1 with enough logical CPUs for
+the roles and stops it at the end.  A Ray already initialised in this process (tests) is
+used as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from relax_core.distributed.driver import AsyncTrainer, RayTrainer
+from relax_core.distributed.proxies import RayBackend, RayEngine, wait_alive
+
+#: actor restarts of an engine (Ray ``max_restarts``)
+ENGINE_MAX_RESTARTS = 3
+#: share of a colocated GPU bundle given to the engine
+COLOCATED_ENGINE_GPU_FRACTION = 0.2
+
+
+@dataclass
+class RayRuntime:
+    """The Ray side of a run: proxies, actors and what to release at the end.
+
+    Attributes:
+        engine / backend: the protocol proxies the trainer calls.
+        trainer_class: :class:`RayTrainer` or :class:`AsyncTrainer` (``--fully-async``).
+        startup_s: seconds from ``ray.init`` to every actor built (Ray's start-up overhead
+            plus model loads), also in ``run_info.json``.
+    """
+
+    engine: RayEngine
+    backend: RayBackend
+    trainer_class: type
+    startup_s: float
+    engines: list[Any] = field(default_factory=list)
+    workers: list[Any] = field(default_factory=list)
+    groups: list[Any] = field(default_factory=list)
+    started_ray: bool = False
+
+    def shutdown(self) -> None:
+        """Stop the actors, free the placement groups, stop Ray if Relax started it."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        self.backend.shutdown()
+        for a in self.engines + self.workers:
+            ray.kill(a, no_restart=True)
+        for g in self.groups:
+            remove_placement_group(g)
+        if self.started_ray:
+            ray.shutdown()
+
+
+def worker_config(config_dict: dict) -> dict:
+    """The config dict for workers: local model paths made absolute (a worker's working
+    directory is not the driver's)."""
+    out = dict(config_dict)
+    for key in ("model", "ref_load"):
+        v = out.get(key)
+        if v and Path(v).expanduser().exists():
+            out[key] = str(Path(v).expanduser().resolve())
+    return out
+
+
+def init_ray(cfg: Any, cpus_needed: int) -> bool:
+    """Start or join Ray; returns whether this call started it (and must stop it)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if cfg.ray_address:
+        ray.init(address=cfg.ray_address, log_to_driver=not cfg.quiet)
+        return False
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local cluster on 127.0.0.1
+    ray.init(num_cpus=max(cpus_needed, os.cpu_count() or 1), include_dashboard=False,
+             _node_ip_address="127.0.0.1", log_to_driver=not cfg.quiet)
+    return True
+
+
+def start_ray(cfg: Any, config_dict: dict, *, setup: dict, corrections: list[str], tokenizer: Any) -> RayRuntime:
+    """Create the run's actors and proxies (see the module docstring).
+
+    Args:
+        cfg: the validated :class:`~relax_core.config.RunConfig`.
+        config_dict: :func:`~relax_core.config.config_to_dict` of it (sent to workers).
+        setup: the backend's ``setup`` flags (``needs_ref``, ``needs_critic``,
+            ``needs_top_k``, ``routing_replay``).
+        corrections: correction names in application order.
+        tokenizer: the driver's tokenizer (prompts, padding).
+
+    Raises:
+        RuntimeError (from Ray): resources that the cluster cannot provide; an actor
+            constructor error (e.g. a model that does not load) re-raised from the actor.
+    """
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from relax_core.distributed.workers import EngineWorker, TrainWorker
+
+    t0 = time.monotonic()
+    world = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
+    n_engines = cfg.rollout_num_engines
+    started = init_ray(cfg, world + (0 if cfg.colocate else n_engines))
+    gpu = cfg.device == "cuda" or (cfg.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
+    wcfg = worker_config(config_dict)
+
+    train_pg = placement_group([{"CPU": 1, **({"GPU": 1} if gpu else {})}] * world, strategy="PACK")
+    groups = [train_pg]
+    if cfg.colocate:
+        engine_pg, engine_bundle = train_pg, [i % world for i in range(n_engines)]
+        engine_res = {"num_cpus": 0, "num_gpus": COLOCATED_ENGINE_GPU_FRACTION if gpu else 0}
+    else:
+        g = cfg.rollout_num_gpus_per_engine
+        engine_pg = placement_group([{"CPU": 1, **({"GPU": g} if gpu else {})}] * n_engines, strategy="PACK")
+        groups.append(engine_pg)
+        engine_bundle = list(range(n_engines))
+        engine_res = {"num_cpus": 1, "num_gpus": g if gpu else 0}
+    ray.get([pg.ready() for pg in groups], timeout=600)
+
+    def at(pg: Any, i: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
+
+    train_res = {"num_cpus": 1, "num_gpus": (1 - engine_res["num_gpus"] if cfg.colocate else 1) if gpu else 0}
+    Train = ray.remote(max_restarts=0)(TrainWorker)
+    Engine = ray.remote(max_restarts=ENGINE_MAX_RESTARTS, max_task_retries=0)(EngineWorker)
+    workers = [Train.options(scheduling_strategy=at(train_pg, r), **train_res)
+               .remote(wcfg, r, world, setup, corrections) for r in range(world)]
+    engines = [Engine.options(scheduling_strategy=at(engine_pg, engine_bundle[i]), **engine_res).remote(wcfg, i) for i in range(n_engines)]
+    wait_alive(workers + engines)
+    host, port = ray.get(workers[0].address.remote())
+    ray.get([w.init_group.remote(host, port) for w in workers])
+    engine = RayEngine(engines, tokenizer, colocate=cfg.colocate)
+    return RayRuntime(engine=engine, backend=RayBackend(workers),
+                      trainer_class=AsyncTrainer if cfg.fully_async else RayTrainer,
+                      startup_s=time.monotonic() - t0, engines=engines, workers=workers, groups=groups,
+                      started_ray=started)

@@ -1,0 +1,265 @@
+"""The Ray actor classes: a rollout engine (:class:`EngineWorker`) and one data-parallel
+rank of the training group (:class:`TrainWorker`).
+
+Both are plain classes (wrapped with ``ray.remote`` by :mod:`relax_core.distributed.runtime`),
+constructed from the run's JSON-able config dict (:func:`relax_core.config.config_to_dict`),
+which each rebuilds into a :class:`~relax_core.config.RunConfig` and uses to build its
+components by name from the installed entry points.  Arguments and results are tensors and
+plain data (dicts, lists, numbers): no plugin object is pickled.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import fields
+from typing import Any
+
+#: seconds a collective of the training group waits for a missing rank before failing
+GROUP_TIMEOUT_S = 600
+
+
+def config_from_dict(config: dict) -> Any:
+    """Rebuild the run's :class:`~relax_core.config.RunConfig` from
+    :func:`~relax_core.config.config_to_dict` output, with this process's registry.
+
+    Raises:
+        ConfigError: a key or value this process's plugins do not know (a worker with other
+            plugin versions than the driver).
+    """
+    from relax_core.config import build_config
+    from relax_core.plugins import default_registry
+
+    values = dict(config)
+    params = values.pop("plugin_params", {}) or {}
+    cli = {f"{comp}.{name}": v for comp, ps in params.items() for name, v in ps.items()}
+    return build_config(cli=cli, yaml_values=values, param_schemas=default_registry().param_schemas(),
+                        yaml_source="driver config")
+
+
+def build_component(kind: str, name: str, cfg: Any) -> Any:
+    """Build the component ``name`` of ``kind`` from its spec, as the local launcher does."""
+    from relax_core.plugins import default_registry
+
+    return default_registry().get(kind, name).spec.build(cfg.params_for(name), cfg)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- rollout engine
+
+
+def sampling_to_dict(sampling: Any) -> dict:
+    return {f.name: getattr(sampling, f.name) for f in fields(sampling)}
+
+
+class EngineWorker:
+    """One rollout engine (any engine plugin, ``--rollout-engine``) in its own actor.
+
+    Attributes:
+        version: trainer step whose weights the engine holds (0 = the initial weights; a
+            restarted actor is back at 0 until the driver pushes the current weights).
+    """
+
+    def __init__(self, config: dict, index: int):
+        import torch
+
+        cfg = config_from_dict(config)
+        torch.manual_seed(cfg.seed + index)
+        self.index = index
+        self.engine = build_component("engine", cfg.rollout_engine, cfg)
+        self.version = 0
+        self.offloaded = False
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def generate(self, prompt_ids: list[list[int]], sampling: dict) -> tuple[dict, int]:
+        """``engine.generate`` → (the :class:`~relax_core.contracts.GenerationOutput` fields
+        as a dict, the weight version that generated them)."""
+        from relax_core.contracts import SamplingParams
+
+        self.onload()
+        out = self.engine.generate(prompt_ids, SamplingParams(**sampling))
+        return {f.name: getattr(out, f.name) for f in fields(out)}, self.version
+
+    def update_weights(self, state_dict: dict, version: int) -> int:
+        self.onload()
+        self.engine.update_weights(state_dict, version)
+        self.version = int(version)
+        return self.version
+
+    def offload(self) -> bool:
+        """Release the engine's device memory (``--colocate``) when the engine plugin has an
+        ``offload()`` method; returns whether it did."""
+        fn = getattr(self.engine, "offload", None)
+        if callable(fn) and not self.offloaded:
+            fn()
+            self.offloaded = True
+        return self.offloaded
+
+    def onload(self) -> None:
+        if self.offloaded:
+            self.engine.onload()
+            self.offloaded = False
+
+    def shutdown(self) -> None:
+        fn = getattr(self.engine, "shutdown", None)
+        if callable(fn):
+            fn()
+
+
+# --------------------------------------------------------------------------- training rank
+
+
+def batch_to_dict(batch: Any) -> dict:
+    """A :class:`~relax_core.contracts.TrainBatch` as plain data."""
+    return {"prompt_ids": batch.prompt_ids, "response_ids": batch.response_ids, "loss_mask": batch.loss_mask,
+            "tensors": dict(batch.tensors)}
+
+
+def batch_from_dict(d: dict) -> Any:
+    from relax_core.contracts import TrainBatch
+
+    return TrainBatch(prompt_ids=d["prompt_ids"], response_ids=d["response_ids"], loss_mask=d["loss_mask"],
+                      tensors=d["tensors"])
+
+
+def loss_recipe(loss_fn: Any) -> dict:
+    """What a rank needs to rebuild the driver's :class:`~relax_core.loss.ActorLoss` or
+    :class:`~relax_core.loss.CriticLoss` with its own estimator and corrections: the
+    settings and the *global* batch's denominators (plain data).
+
+    Raises:
+        TypeError: another loss function (only the core's losses can be rebuilt by name).
+    """
+    from dataclasses import asdict
+
+    from relax_core.loss import ActorLoss, CriticLoss
+
+    if isinstance(loss_fn, ActorLoss):
+        return {"kind": "actor", "settings": asdict(loss_fn.s), "num_tokens": loss_fn.num_tokens,
+                "num_samples": loss_fn.num_samples, "old_from_current": loss_fn.old_from_current}
+    if isinstance(loss_fn, CriticLoss):
+        return {"kind": "critic", "settings": asdict(loss_fn.s), "num_tokens": loss_fn.num_tokens,
+                "num_samples": loss_fn.num_samples}
+    raise TypeError(f"--launcher ray trains with relax_core.loss.ActorLoss/CriticLoss, not {type(loss_fn).__name__}")
+
+
+class TrainWorker:
+    """Rank ``rank`` of the data-parallel training group: the training backend
+    (``--train-backend``), the estimator and the corrections, built by name.
+
+    Each rank trains on its shard of every optimizer step's global batch with the global
+    denominators (:func:`relax_core.loss.global_denominators` of the whole batch, computed
+    by the driver), so the backend's gradient all-reduce (a sum) gives the one-process
+    gradient; estimator statistics that span the batch are reduced over the group
+    (``PolicyLossInput.process_group``).
+
+    Args:
+        config: the run's config dict.
+        rank / world_size: this rank and the group size.
+        setup: keyword arguments of the backend's ``setup`` (``needs_ref``,
+            ``needs_critic``, ``needs_top_k``, ``routing_replay``); the critic settings
+            come from this rank's estimator.
+        corrections: correction names in application order.
+    """
+
+    def __init__(self, config: dict, rank: int, world_size: int, setup: dict, corrections: list[str]):
+        import torch
+
+        cfg = self.cfg = config_from_dict(config)
+        torch.manual_seed(cfg.seed)
+        self.rank, self.world_size = rank, world_size
+        self.estimator = build_component("estimator", cfg.advantage_estimator, cfg)
+        self.corrections = [build_component("correction", name, cfg) for name in corrections]
+        self.backend = build_component("backend", cfg.train_backend, cfg)
+        critic_settings = getattr(self.estimator, "critic_settings", None) if setup.get("needs_critic") else None
+        self.backend.setup(critic_settings=critic_settings, **setup)
+        self.group = None
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def address(self) -> tuple[str, int]:
+        """This node's address and a free port (rank 0: the group's rendezvous)."""
+        import ray
+
+        return ray.util.get_node_ip_address(), _free_port()
+
+    def init_group(self, host: str, port: int) -> None:
+        """Join the torch.distributed group (gloo on CPU, NCCL on CUDA)."""
+        import torch
+        import torch.distributed as dist
+
+        if self.world_size == 1:
+            return
+        backend = "nccl" if getattr(self.backend, "device", torch.device("cpu")).type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
+                                world_size=self.world_size, timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+        self.group = dist.group.WORLD
+
+    def _loss(self, recipe: dict) -> Any:
+        from relax_core.loss import ActorLoss, CriticLoss, LossSettings
+
+        settings = LossSettings(**recipe["settings"])
+        if recipe["kind"] == "critic":
+            return CriticLoss(self.estimator, settings, num_tokens=recipe["num_tokens"],
+                              num_samples=recipe["num_samples"])
+        return ActorLoss(self.estimator, self.corrections, settings, num_tokens=recipe["num_tokens"],
+                         num_samples=recipe["num_samples"], old_from_current=recipe["old_from_current"],
+                         process_group=self.group)
+
+    def forward(self, batch: dict, role: str, entropy: bool, top_k: bool) -> dict:
+        out = self.backend.forward(batch_from_dict(batch), role=role, entropy=entropy, top_k=top_k)
+        return {f.name: getattr(out, f.name) for f in fields(out)}
+
+    def train_step(self, batch: dict, recipe: dict, role: str) -> tuple[dict, dict]:
+        """One optimizer step on this rank's shard → (the backend's result, the loss's
+        global-batch metric *contributions* of this shard)."""
+        loss_fn = self._loss(recipe)
+        result = self.backend.train_step(batch_from_dict(batch), loss_fn, role=role)
+        return result, loss_fn.metrics()
+
+    def gradients(self, batch: dict, recipe: dict, role: str = "actor") -> tuple[dict, dict, dict]:
+        """Forward and backward without an optimizer step (the data-parallel check):
+        → (summed loss and metrics of this shard, the all-reduced gradients by parameter
+        name, the loss's metric contributions).  Gradients are cleared afterwards."""
+        loss_fn = self._loss(recipe)
+        acc = self.backend.accumulate_gradients(batch_from_dict(batch), loss_fn, role=role)
+        model = self.backend.models[role]
+        grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        return acc["sums"], grads, loss_fn.metrics()
+
+    def compute_advantages(self, inp: dict) -> dict:
+        """The estimator's ``compute_advantages`` on this rank's shard with the group as
+        ``process_group`` (for estimators whose contract reduces over ranks, e.g.
+        REINFORCE++'s global normalisation)."""
+        from relax_core.contracts import AdvantageInput
+
+        out = self.estimator.compute_advantages(AdvantageInput(**inp, process_group=self.group))
+        return {"advantages": out.advantages, "returns": out.returns, "normalized": out.normalized}
+
+    def engine_state_dict(self) -> dict:
+        return {k: v.detach().cpu().clone() for k, v in self.backend.engine_state_dict().items()}
+
+    def save_checkpoint(self, path: str) -> None:
+        self.backend.save_checkpoint(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.backend.load_checkpoint(path)
+
+    def save_hf(self, path: str) -> None:
+        self.backend.save_hf(path)
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
