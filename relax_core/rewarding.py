@@ -334,11 +334,22 @@ class ScoringPool:
             todo = deque(range(n))
             while todo or any(w.task is not None for w in self._workers):
                 now = time.monotonic()
-                for w in self._workers:
-                    if w.ready and w.task is None and todo:
+                for w in list(self._workers):
+                    while w.ready and w.task is None and todo:
                         i = todo.popleft()
-                        w.conn.send((i, responses[i], labels[i], dict(metadata[i] or {})))
+                        try:
+                            w.conn.send((i, responses[i], labels[i], dict(metadata[i] or {})))
+                        except (BrokenPipeError, ConnectionResetError):  # died while idle: retry elsewhere
+                            todo.appendleft(i)
+                            self._replace(w)
+                            break
+                        except Exception as e:  # noqa: BLE001 - the sample cannot be pickled
+                            fail(i, "reward_errors", f"cannot send the sample to a worker: {type(e).__name__}: {e}")
+                            continue
                         w.task, w.started, w.deadline = i, False, now + STARTUP_TIMEOUT
+                # every worker is now busy or starting (finite deadlines), or all is done
+                if not todo and all(w.task is None for w in self._workers):
+                    break
                 next_deadline = min(w.deadline for w in self._workers)
                 wait_s = None if next_deadline == math.inf else max(0.0, next_deadline - now)
                 for conn in _wait_connections([w.conn for w in self._workers], timeout=wait_s):

@@ -15,6 +15,10 @@ from relax_core.rewarding import (RewardSetupError, Scorer, ScoringPool, _pool_f
                                   resolve_scorer, score_batch, shutdown_pools)
 
 
+# a bug in the pool would hang rather than fail: bound every test
+pytestmark = pytest.mark.timeout(120)
+
+
 @pytest.fixture(autouse=True)
 def _no_leftover_pools():
     yield
@@ -181,3 +185,8 @@ def test_prompts_reach_the_scorer_as_metadata():
     rewards, _ = score_batch(toys.echo_prompt, ["r", "r"], ["p0", "x"], [{"a": 1}, None], prompts=["p0", "p1"],
                              timeout=5, num_workers=1)
     assert rewards == [1.0, 0.0]
+
+
+def test_an_unpicklable_sample_is_an_error_not_a_crash():
+    rewards, stats = score_batch(toys.exact, ["1", "1"], ["1", "1"], [{"x": lambda: 0}, {}], timeout=5, num_workers=1)
+    assert rewards == [None, 1.0] and stats == {"reward_errors": 1, "reward_timeouts": 0}
