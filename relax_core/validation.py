@@ -104,6 +104,31 @@ def _batch_problems(cfg: RunConfig) -> list[Problem]:
     return out
 
 
+def _data_problems(cfg: RunConfig, reg: Registry) -> list[Problem]:
+    """``--data`` / ``--eval-data``: a registered ``scheme:spec``, ``gsm8k:<path>`` or an
+    existing file."""
+    out = []
+    schemes = {r.spec.scheme for r in reg.components["data_source"].values()}
+    for flag, val in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
+        if not val:
+            continue
+        scheme, sep, rest = val.partition(":")
+        path = val
+        if sep and "/" not in scheme and len(scheme) > 1:  # scheme:spec (not a path, not a drive letter)
+            if scheme in schemes:
+                continue
+            if scheme != "gsm8k":
+                known = ", ".join(f"{s}:" for s in sorted(schemes | {"gsm8k"}))
+                out.append(Problem("config", flag, f"unknown data source scheme '{scheme}:' in {val}",
+                                   f"use one of {known}, or a file path (`relax plugins` lists data sources)"))
+                continue
+            path = rest
+        if not Path(path).expanduser().exists():
+            out.append(Problem("config", flag, f"data file {path} not found",
+                               "give an existing JSONL/JSON/Parquet file, gsm8k:<file> or rg:<dataset>"))
+    return out
+
+
 def _run_problems(cfg: RunConfig) -> list[Problem]:
     out = []
     if cfg.ref_load and not Path(cfg.ref_load).expanduser().exists():
@@ -111,9 +136,6 @@ def _run_problems(cfg: RunConfig) -> list[Problem]:
     m = cfg.model
     if m != DEFAULT_MODEL and m.startswith(("/", ".", "~")) and not Path(m).expanduser().exists():
         out.append(Problem("config", "--model", f"model path {m} not found", "give a local Hugging Face model directory, or the default smollm2-135m-instruct"))
-    for flag, val in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
-        if val and ":" not in val.split("/")[0] and not Path(val).expanduser().exists():
-            out.append(Problem("config", flag, f"data file {val} not found", "give an existing JSONL/JSON/Parquet file or rg:<dataset>"))
     if cfg.load_debug_rollout_data and not Path(cfg.load_debug_rollout_data).is_dir():
         out.append(Problem("config", "--load-debug-rollout-data", f"{cfg.load_debug_rollout_data} is not a directory", "give the DIR written by --save-debug-rollout-data"))
     if cfg.use_kl_loss and cfg.kl_loss_coef == 0:
@@ -134,6 +156,7 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
     problems: list[Problem] = [Problem("config", "value range", p) for p in value_problems(cfg)]
     problems += _batch_problems(cfg)
     problems += _run_problems(cfg)
+    problems += _data_problems(cfg, reg)
     specs: dict[str, Any] = {}
     est, specs["estimator"] = _select(reg, "estimator", cfg.advantage_estimator, cfg, problems)
     engine, specs["engine"] = _select(reg, "engine", cfg.rollout_engine, cfg, problems)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import types
 from dataclasses import dataclass
 
-from relax_core import (BackendCapabilities, BackendSpec, EngineCapabilities, EngineSpec,
+from relax_core import (BackendCapabilities, BackendSpec, DataSourceSpec, EngineCapabilities, EngineSpec,
                         EstimatorCapabilities, EstimatorSpec, hookimpl, param)
 from relax_core.hookspecs import HOOK_KINDS
 
@@ -45,8 +45,9 @@ BASE_CAPS = EstimatorCapabilities(sync_only=False, supports_fully_async=True, po
 
 
 def infra_plugin() -> types.SimpleNamespace:
-    """The engine 'hf' and backend 'torch' a default config selects."""
+    """The engine 'hf', backend 'torch' and data source 'rg:' a default config selects."""
     return make_plugin(
+        DataSourceSpec(name="rg", scheme="rg", summary="toy data source", source="tests", factory="x:y"),
         EngineSpec(name="hf", summary="toy engine", source="tests", factory="x:y",
                    capabilities=EngineCapabilities(returns_log_probs=True, supports_weight_update=True)),
         BackendSpec(name="torch", summary="toy backend", source="tests", factory="x:y",

@@ -120,3 +120,17 @@ def test_capability_table_covers_every_declared_capability():
         fields = {f for f in cls.capabilities_type.__dataclass_fields__}
         assert {(kind, f) for f in fields} <= table, kind
     assert len(table) == len(CAPABILITIES)
+
+
+def test_data_sources(registry_with, tmp_path):
+    reg = registry_with(TOY)  # the infra plugin registers the rg: scheme
+    f = tmp_path / "train.jsonl"
+    f.write_text("{}\n")
+    data = {p.message for p in _problems(reg, data="rg:basic_arithmetic?size=4") if p.constraint == "--data"}
+    assert data == set()
+    for value, message in ((str(f), None), (f"gsm8k:{f}", None),
+                           ("hf:gsm8k", "unknown data source scheme 'hf:' in hf:gsm8k"),
+                           (str(tmp_path / "missing.jsonl"), f"data file {tmp_path / 'missing.jsonl'} not found"),
+                           ("gsm8k:/no/such.jsonl", "data file /no/such.jsonl not found")):
+        got = [p.message for p in _problems(reg, data=value) if p.constraint == "--data"]
+        assert got == ([message] if message else []), value
