@@ -202,8 +202,11 @@ def capabilities(
     markdown: bool = typer.Option(False, "--markdown", help="The docs page (docs/capabilities.md)."),
 ) -> None:
     """The capability matrix: one row per component, one column per capability."""
-    from relax_core.matrix import matrix_json, matrix_markdown, matrix_tables
+    from relax_core.matrix import KINDS, matrix_json, matrix_markdown, matrix_tables
 
+    if kind is not None and kind not in KINDS:
+        typer.echo(f"error: unknown kind '{kind}'; one of {', '.join(KINDS)}", err=True)
+        raise typer.Exit(2)
     reg = _registry()
     if as_json:
         typer.echo(json.dumps(matrix_json(reg, kind), indent=2))

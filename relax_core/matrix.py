@@ -11,12 +11,16 @@ _TITLES = {"estimator": "Estimators", "correction": "Corrections", "engine": "Ro
            "backend": "Training backends", "reward_processor": "Reward post-processors"}
 
 
+#: every component kind, in the order of the matrix
+KINDS = tuple(matrix_kinds()) + ("reward", "data_source")
+
+
 def _kinds(kind: str | None) -> list[str]:
-    kinds = matrix_kinds() + ["reward", "data_source"]
+    kinds = list(KINDS)
     if kind is None:
         return kinds
     if kind not in kinds:
-        raise SystemExit(f"unknown kind {kind!r}; one of {', '.join(kinds)}")
+        raise ValueError(f"unknown kind {kind!r}; one of {', '.join(kinds)}")
     return [kind]
 
 

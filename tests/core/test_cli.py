@@ -99,6 +99,8 @@ def test_capabilities_json_and_markdown(cli_registry):
     assert comps["toy"]["supports_fully_async"] is True and comps["bare"]["supports_fully_async"] is False
     md = runner.invoke(app, ["capabilities", "--markdown"]).stdout
     assert "| `bare` | — | yes |" in md  # CP not declared, sync-only by default
+    r = runner.invoke(app, ["capabilities", "--kind", "estimators"])
+    assert r.exit_code == 2 and "unknown kind 'estimators'" in r.stderr
 
 
 def _imports_torch(args):
