@@ -120,7 +120,8 @@ def _token_metrics(metrics: Any, mask: Tensor, name: str) -> None:
         _finite_at(v, mask, f"{name}[{k!r}]")
 
 
-def _same(a: Tensor, b: Tensor, mask: Tensor | None, what: str) -> None:
+def _same(a: Tensor | None, b: Tensor | None, mask: Tensor | None, what: str) -> None:
+    require(a is not None and b is not None, f"{what}: missing in one of the two runs")
     if mask is not None:
         a, b = torch.where(mask, a, 0), torch.where(mask, b, 0)
     diff = (a.double() - b.double()).abs()
