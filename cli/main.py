@@ -57,8 +57,8 @@ def train(ctx: typer.Context) -> None:
 
     reg = _registry()
     schemas = reg.param_schemas()
-    cli, config_path, ns = parse_cli(list(ctx.args), schemas)
     try:
+        cli, config_path, ns = parse_cli(list(ctx.args), schemas)
         yaml_values = load_yaml(config_path) if config_path else {}
         cfg = build_config(cli=cli, yaml_values=yaml_values, param_schemas=schemas,
                            yaml_source=config_path or "config")

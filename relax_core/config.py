@@ -193,6 +193,16 @@ def param_flag(component: str, f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f"{component}_{f.name}".replace("_", "-")
 
 
+def flag_collisions(param_schemas: Mapping[str, type]) -> list[str]:
+    """Plugin parameter flags that collide with a core option's flag or alias."""
+    core = {flag_of(f) for f in config_fields()} | {a for f in config_fields() for a in f.metadata["aliases"]}
+    core |= {"--config", "--dry-run", "--help", "-h"}
+    return [f"{param_flag(comp, pf)} of plugin parameter {comp}.{pf.name} collides with the core option "
+            f"{param_flag(comp, pf)}: the plugin must declare another flag"
+            for comp, schema in sorted(param_schemas.items()) for pf in fields(schema)
+            if param_flag(comp, pf) in core]
+
+
 class ConfigError(ValueError):
     """A problem in the configuration given by the user (unknown key, bad value)."""
 
@@ -310,7 +320,7 @@ def build_config(
     cli = dict(cli or {})
     yaml_values = dict(yaml_values or {})
     param_schemas = dict(param_schemas or {})
-    problems: list[str] = []
+    problems: list[str] = flag_collisions(param_schemas)
     core = {f.name: f for f in config_fields()}
     # flat param keys: "m2po_kl2_budget" -> ("m2po", "kl2_budget") ; explicit flags too
     flat_params: dict[str, list[tuple[str, str]]] = {}
@@ -415,6 +425,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, param_schemas: Mapping
         else:
             g.add_argument(*names, dest=f.name, default=argparse.SUPPRESS, metavar=t.upper(),
                            help=f"{f.metadata['help']} {default_txt}")
+    collisions = flag_collisions(param_schemas)
+    if collisions:
+        raise ConfigError(collisions)
     seen: dict[str, list[str]] = {}
     for comp, schema in sorted(param_schemas.items()):
         for pf in fields(schema):

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from relax_core.capabilities import CAPABILITIES, Context, Selected
-from relax_core.config import RunConfig, check_bounds, param_flag
+from relax_core.config import RunConfig, check_bounds, flag_collisions, param_flag
 from relax_core.specs import SUPPORTED_API_VERSIONS, ComponentSpec, EstimatorCapabilities, _resolve
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -137,6 +137,9 @@ def _check_spec(spec: ComponentSpec, params: Any, checks: Checks) -> Any:
         ok = True
     if not ok:
         return params
+    with checks.check("param flags"):
+        clash = flag_collisions({spec.name: spec.params})
+        require(not clash, "; ".join(clash))
     for f in dataclasses.fields(spec.params):
         flag = param_flag(spec.name, f)
         with checks.check(f"param {f.name}"):

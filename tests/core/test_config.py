@@ -118,3 +118,38 @@ def test_flags_named_as_relax():
                  "--output-dir", "--seed", "--rollout-temperature", "--rollout-top-p", "--rollout-top-k",
                  "--rollout-max-response-len"):
         assert flag in flags, flag
+
+
+def test_plugin_flag_colliding_with_a_core_flag_is_an_error():
+    from dataclasses import dataclass
+
+    from relax_core import param
+
+    @dataclass(frozen=True)
+    class Clash:
+        eps: float = param(0.1, "clashes", flag="--eps-clip")
+
+    with pytest.raises(ConfigError, match="--eps-clip of plugin parameter bad.eps collides with the core option"):
+        parse_cli([], {"bad": Clash})
+    with pytest.raises(ConfigError, match="collides with the core option --eps-clip"):
+        build_config(param_schemas={"bad": Clash})
+
+
+def test_two_plugins_may_share_a_flag():
+    from dataclasses import dataclass
+
+    from relax_core import param
+
+    @dataclass(frozen=True)
+    class A:
+        gamma: float = param(1.0, "discount", flag="--gamma")
+
+    @dataclass(frozen=True)
+    class B:
+        gamma: float = param(0.5, "discount", flag="--gamma")
+
+    schemas = {"a": A, "b": B}
+    cli, _, _ = parse_cli(["--gamma", "0.9"], schemas)
+    cfg = build_config(cli=cli, param_schemas=schemas)
+    assert (cfg.plugin_params["a"].gamma, cfg.plugin_params["b"].gamma) == (0.9, 0.9)
+    assert build_config(param_schemas=schemas).plugin_params["b"].gamma == 0.5  # each keeps its default
