@@ -124,3 +124,11 @@ def test_capabilities_may_depend_on_parameters(registry_with):
     spec = estimator(caps=lambda p: EstimatorCapabilities(supports_context_parallel=p.mode == "b"))
     assert spec.capabilities_for().supports_context_parallel is False
     assert spec.capabilities_for(ToyParams(mode="b")).supports_context_parallel is True
+
+
+def test_installed_plugins_all_load():
+    """Every plugin installed from this repository loads, and no name is registered twice."""
+    reg = load_registry()
+    broken = [f"{p.name} ({p.dist} {p.version}): {p.error}" for p in reg.plugins if p.status != "ok"]
+    assert broken == [] and reg.problems == []
+    assert "grpo" in reg.names("estimator")  # the default estimator is installed
