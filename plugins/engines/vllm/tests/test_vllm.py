@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import sys
+from pathlib import Path
 from types import SimpleNamespace as NS
 
 import pytest
@@ -16,6 +18,7 @@ from relax_core.contracts import SamplingParams  # noqa: E402
 from relax_vllm.engine import to_generation_output  # noqa: E402
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 def _lp(logprob, rank):
@@ -64,25 +67,9 @@ def test_choosing_vllm_without_it_gives_install_hint():
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    """A random tiny Llama (head_dim 64: vLLM's CPU attention refuses 16) with SmolLM2's tokenizer."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from vllm_tiny import make_tiny_llama
 
-    from relax_core.models import ensure_default_model
-
-    tok = AutoTokenizer.from_pretrained(ensure_default_model())
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # a peaked, non-uniform distribution (random init is near-uniform)
-        for p in model.parameters():
-            p.add_(0.5 * torch.randn_like(p) if p.dim() > 1 else 0.05 * torch.randn_like(p))
-    out = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="module")
