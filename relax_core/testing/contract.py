@@ -17,6 +17,7 @@ from relax_core.config import RunConfig, check_bounds, flag_collisions, param_fl
 from relax_core.specs import SUPPORTED_API_VERSIONS, ComponentSpec, EstimatorCapabilities, _resolve
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+_FLAG_RE = re.compile(r"^--[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 
 #: ``requires_x`` / ``forbids_x`` pairs that contradict each other when both are set.
 _CONTRADICTIONS = (
@@ -145,6 +146,7 @@ def _check_spec(spec: ComponentSpec, params: Any, checks: Checks) -> Any:
         with checks.check(f"param {f.name}"):
             require(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING, "no default")
             require(str(f.metadata.get("help", "")).strip(), "no help text (declare it with relax_core.param)")
+            require(_FLAG_RE.match(flag), f"flag {flag!r} must look like --lower-case-words")
             if f.default is not dataclasses.MISSING:
                 bad = check_bounds(f.default, f.metadata, flag)
                 require(not bad, f"default outside its declared bounds: {'; '.join(bad)}")

@@ -96,10 +96,12 @@ def test_spec_problems_are_all_listed():
     class Frozen:
         a: float = dataclasses.field(default=1.0)
         b: float = param(-1.0, "must be >= 0", ge=0)
+        c: int = param(1, "flag style", flag="--Bad_Flag")
 
     msg = failures(toy(params=Frozen), distributed=False)
     assert "param a: no help text (declare it with relax_core.param)" in msg
     assert "param b: default outside its declared bounds: --toy-b must be >= 0, got -1.0" in msg
+    assert "param c: flag '--Bad_Flag' must look like --lower-case-words" in msg
     assert "params given: --toy-beta must be <= 1, got 3.0" in failures(toy(), ToyParams(beta=3.0), distributed=False)
 
 
