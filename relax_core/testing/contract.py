@@ -171,6 +171,10 @@ def _check_capabilities(spec: ComponentSpec, params: Any) -> Any:
     require(type(caps) is want, f"capabilities_for(params) must return a {want.__name__}, got {type(caps).__name__}")
     both = [f"{a} and {b}" for a, b in _CONTRADICTIONS if getattr(caps, a, False) and getattr(caps, b, False)]
     require(not both, "contradictory capabilities: " + ", ".join(both))
+    devices = getattr(caps, "devices", None)
+    if devices is not None:
+        require(isinstance(devices, frozenset) and devices and devices <= {"cpu", "cuda"},
+                f"devices must be a non-empty frozenset of 'cpu'/'cuda', got {devices!r}")
     if isinstance(caps, EstimatorCapabilities):
         require(isinstance(caps.min_group_size, int) and caps.min_group_size >= 1, "min_group_size must be an int >= 1")
         require(caps.kl_level in ("token", "sequence"), f"kl_level {caps.kl_level!r} not token|sequence")
@@ -189,6 +193,10 @@ def config_for(spec: ComponentSpec, params: Any = None, **overrides: Any) -> Run
     parameters and ``overrides`` applied last."""
     values: dict[str, Any] = {"rollout_batch_size": 3, "n_samples_per_prompt": 4, "rollout_max_response_len": 8}
     caps = spec.capabilities_for(params) if spec.kind == "estimator" else None
+    devices = getattr(caps, "devices", None)
+    if devices is not None:
+        require(isinstance(devices, frozenset) and devices and devices <= {"cpu", "cuda"},
+                f"devices must be a non-empty frozenset of 'cpu'/'cuda', got {devices!r}")
     if isinstance(caps, EstimatorCapabilities):
         values["n_samples_per_prompt"] = max(4, caps.min_group_size)
         if caps.requires_per_token_loss:
