@@ -152,3 +152,37 @@ def test_debug_rollout_replay_reproduces_the_optimizer_steps(tmp_path):
         assert x["rollout/raw_reward"] == y["rollout/raw_reward"]
     assert fb.engine.versions == []  # nothing generated, nothing pushed
     torch.testing.assert_close(fa.model.w, fb.model.w)
+
+
+def test_sigint_finishes_the_step_saves_and_exits_cleanly(tmp_path):
+    import os
+    import signal
+
+    from relax_core.trainer import EXIT_INTERRUPTED
+
+    calls = []
+
+    def score(responses, labels, metadata):
+        calls.append(1)
+        if len(calls) == 2:  # Ctrl-C while step 2 is being scored
+            os.kill(os.getpid(), signal.SIGINT)
+        return count_sevens(responses, labels, metadata)
+
+    tr, _ = make_trainer(tmp_path, num_rollout=5)
+    tr.c.score = score
+    assert tr.run() == EXIT_INTERRUPTED
+    assert [r["step"] for r in read_metrics(tmp_path / "runs" / "r")] == [1, 2]
+    assert (tmp_path / "runs" / "r" / "checkpoints" / "latest").read_text() == "step_000002"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    again, _ = make_trainer(tmp_path, num_rollout=3, resume=True)
+    assert again.run() == EXIT_OK
+    assert [r["step"] for r in read_metrics(tmp_path / "runs" / "r")] == [1, 2, 3]
+
+
+def test_wandb_offline_mode_writes_a_local_run(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    tr, _ = make_trainer(tmp_path, num_rollout=1, wandb_project="relax-test", wandb_mode="offline", save_hf=False)
+    assert tr.run() == EXIT_OK
+    runs = list((tmp_path / "runs" / "r" / "wandb").glob("offline-run-*"))
+    assert runs, "no offline W&B run directory"
