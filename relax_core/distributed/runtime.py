@@ -97,6 +97,23 @@ def init_ray(cfg: Any, cpus_needed: int) -> bool:
     return True
 
 
+def start_train_group(config: dict, world: int, setup: dict, corrections: list[str],
+                      options: list[dict]) -> list[Any]:
+    """Create ``world`` :class:`~relax_core.distributed.workers.TrainWorker` ranks (Ray
+    actor ``options`` per rank: resources, placement) and form their torch.distributed
+    group; returns the actor handles in rank order once every rank has joined."""
+    import ray
+
+    from relax_core.distributed.workers import TrainWorker
+
+    train = ray.remote(max_restarts=0)(TrainWorker)
+    workers = [train.options(**options[r]).remote(config, r, world, setup, corrections) for r in range(world)]
+    wait_alive(workers)
+    host, port = ray.get(workers[0].address.remote())
+    ray.get([w.init_group.remote(host, port) for w in workers])
+    return workers
+
+
 def start_ray(cfg: Any, config_dict: dict, *, setup: dict, corrections: list[str], tokenizer: Any) -> RayRuntime:
     """Create the run's actors and proxies (see the module docstring).
 
@@ -113,10 +130,10 @@ def start_ray(cfg: Any, config_dict: dict, *, setup: dict, corrections: list[str
             constructor error (e.g. a model that does not load) re-raised from the actor.
     """
     import ray
-    from ray.util.placement_group import placement_group
+    from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from relax_core.distributed.workers import EngineWorker, TrainWorker
+    from relax_core.distributed.workers import EngineWorker
 
     t0 = time.monotonic()
     world = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
@@ -142,14 +159,21 @@ def start_ray(cfg: Any, config_dict: dict, *, setup: dict, corrections: list[str
         return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
 
     train_res = {"num_cpus": 1, "num_gpus": (1 - engine_res["num_gpus"] if cfg.colocate else 1) if gpu else 0}
-    Train = ray.remote(max_restarts=0)(TrainWorker)
-    Engine = ray.remote(max_restarts=ENGINE_MAX_RESTARTS, max_task_retries=0)(EngineWorker)
-    workers = [Train.options(scheduling_strategy=at(train_pg, r), **train_res)
-               .remote(wcfg, r, world, setup, corrections) for r in range(world)]
-    engines = [Engine.options(scheduling_strategy=at(engine_pg, engine_bundle[i]), **engine_res).remote(wcfg, i) for i in range(n_engines)]
-    wait_alive(workers + engines)
-    host, port = ray.get(workers[0].address.remote())
-    ray.get([w.init_group.remote(host, port) for w in workers])
+    engine_actor = ray.remote(max_restarts=ENGINE_MAX_RESTARTS, max_task_retries=0)(EngineWorker)
+    engines = [engine_actor.options(scheduling_strategy=at(engine_pg, engine_bundle[i]), **engine_res).remote(wcfg, i)
+               for i in range(n_engines)]
+    try:
+        workers = start_train_group(wcfg, world, setup, corrections,
+                                    [dict(scheduling_strategy=at(train_pg, r), **train_res) for r in range(world)])
+        wait_alive(engines)
+    except BaseException:
+        for a in engines:
+            ray.kill(a, no_restart=True)
+        for g in groups:
+            remove_placement_group(g)
+        if started:
+            ray.shutdown()
+        raise
     engine = RayEngine(engines, tokenizer, colocate=cfg.colocate)
     return RayRuntime(engine=engine, backend=RayBackend(workers),
                       trainer_class=AsyncTrainer if cfg.fully_async else RayTrainer,

@@ -171,17 +171,22 @@ class TrainWorker:
     """
 
     def __init__(self, config: dict, rank: int, world_size: int, setup: dict, corrections: list[str]):
+        self.rank, self.world_size = rank, world_size
+        self.group = None
+        self.configure(config, setup, corrections)
+
+    def configure(self, config: dict, setup: dict, corrections: list[str]) -> None:
+        """(Re)build the estimator, corrections and backend for ``config`` (the process
+        group is kept: a new run's components on the same ranks)."""
         import torch
 
         cfg = self.cfg = config_from_dict(config)
         torch.manual_seed(cfg.seed)
-        self.rank, self.world_size = rank, world_size
         self.estimator = build_component("estimator", cfg.advantage_estimator, cfg)
         self.corrections = [build_component("correction", name, cfg) for name in corrections]
         self.backend = build_component("backend", cfg.train_backend, cfg)
         critic_settings = getattr(self.estimator, "critic_settings", None) if setup.get("needs_critic") else None
         self.backend.setup(critic_settings=critic_settings, **setup)
-        self.group = None
 
     def ping(self) -> int:
         return os.getpid()
