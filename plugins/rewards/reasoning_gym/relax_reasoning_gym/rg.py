@@ -169,4 +169,8 @@ def rg_score(response: str, label: Any, metadata: dict | None) -> float | None:
 
 
 def build_scorer(params: Any, config: Any):
+    # Import reasoning-gym here, in the worker's untimed build, not in the first timed call:
+    # its import takes seconds on a busy CPU and would time out every call of a fresh worker.
+    import reasoning_gym  # noqa: F401
+
     return rg_score
