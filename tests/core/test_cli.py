@@ -124,3 +124,14 @@ def test_import_cli_does_not_import_torch():
 def test_light_commands_do_not_import_torch(args):
     """With the installed plugins: registering them must not import torch either."""
     assert not _imports_torch(args)
+
+
+def test_strict_mode_fails_commands_with_exit_2(registry_with, monkeypatch):
+    monkeypatch.setenv("RELAX_STRICT_PLUGINS", "1")
+    monkeypatch.setattr(plugins_mod, "_DEFAULT", None)
+    monkeypatch.setattr(plugins_mod, "load_registry",
+                        lambda: registry_with(("broken", "relax_core_test_no_such_module", "relax-broken", "0.3.1")))
+    for args in (["plugins"], ["train", "--dry-run"], ["capabilities"]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, args
+        assert "plugin 'broken' (relax-broken 0.3.1) failed to load: ModuleNotFoundError" in r.stderr
