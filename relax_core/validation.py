@@ -101,6 +101,10 @@ def _batch_problems(cfg: RunConfig) -> list[Problem]:
         add(f"each training worker's share of the global batch ({gbs} / {dp} = {gbs // dp} samples) is not "
             f"divisible by --micro-batch-size {cfg.micro_batch_size}",
             "choose a micro-batch size that divides global_batch_size / data-parallel workers")
+    if cfg.max_tokens_per_micro_batch is not None and cfg.max_tokens_per_micro_batch < cfg.rollout_max_response_len:
+        add(f"--max-tokens-per-micro-batch {cfg.max_tokens_per_micro_batch} cannot hold one full-length response "
+            f"(--rollout-max-response-len {cfg.rollout_max_response_len}, plus its prompt)",
+            "raise --max-tokens-per-micro-batch above the longest prompt + --rollout-max-response-len")
     return out
 
 

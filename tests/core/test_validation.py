@@ -88,6 +88,9 @@ def test_min_group_size_and_reward_side_kl(registry_with):
      ["each training worker's share of the global batch (32 / 2 = 16 samples) is not divisible by "
       "--micro-batch-size 3"]),
     ({"launcher": "ray", "actor_num_gpus_per_node": 2, "micro_batch_size": 4}, []),
+    ({"max_tokens_per_micro_batch": 32, "rollout_max_response_len": 64},
+     ["--max-tokens-per-micro-batch 32 cannot hold one full-length response (--rollout-max-response-len 64, "
+      "plus its prompt)"]),
 ])
 def test_batch_shape_arithmetic(registry_with, cfg, messages):
     got = [p.message for p in _problems(registry_with(TOY), **cfg) if p.constraint == "batch shape"]
