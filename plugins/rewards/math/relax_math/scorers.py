@@ -121,7 +121,12 @@ def gsm8k_score(response: str, label: Any, metadata: dict | None = None) -> floa
 
 
 def build_math(params: Any, config: Any) -> MathScorer:
-    return MathScorer(answer_format=params.answer_format if params is not None else "boxed")
+    """Build the scorer and warm math-verify up (its import and first LaTeX parse take
+    seconds on a busy CPU): the reward workers build scorers outside the timed call, so
+    this keeps a cold start from timing out a fresh worker's first sample."""
+    scorer = MathScorer(answer_format=params.answer_format if params is not None else "boxed")
+    scorer("\\boxed{\\frac{1}{2}}", "\\sqrt{x}", {})
+    return scorer
 
 
 def build_gsm8k(params: Any, config: Any):
