@@ -9,9 +9,13 @@ from __future__ import annotations
 import types
 from dataclasses import dataclass
 
+import torch
+
 from relax_core import (BackendCapabilities, BackendSpec, DataSourceSpec, EngineCapabilities, EngineSpec,
                         EstimatorCapabilities, EstimatorSpec, hookimpl, param)
+from relax_core.contracts import AdvantageOutput, CorrectionOutput, PolicyLossOutput
 from relax_core.hookspecs import HOOK_KINDS
+from relax_core.numerics import broadcast_to_tokens, group_stats, masked_fill_zero
 
 _KIND_HOOK = {kind: hook for hook, kind in HOOK_KINDS.items()}
 
@@ -61,11 +65,6 @@ def build_estimator(params, config):
 
 # --------------------------------------------------------------------------- toy estimators for the kit
 # Vectorised; each "bad" variant breaks exactly one clause of the contract.
-
-import torch  # noqa: E402
-
-from relax_core.contracts import AdvantageOutput, PolicyLossOutput  # noqa: E402
-from relax_core.numerics import broadcast_to_tokens, group_stats, masked_fill_zero  # noqa: E402
 
 
 class ToyReinforce:
@@ -136,8 +135,6 @@ class ToyCorrection:
         w = torch.exp(log_w).clamp(max=2.0)
         if not self.leaky:
             w = w.detach()
-        from relax_core.contracts import CorrectionOutput
-
         return CorrectionOutput(loss=masked_fill_zero(inp.loss, mask) * w, token_metrics={"toy_w": w.detach()})
 
 
