@@ -8,9 +8,13 @@ model's *raw* logits, before temperature, top-k and top-p.  The contract asks fo
 the *sampling* distribution, so the engine is built with ``logprobs_mode=
 "processed_logprobs"``: log-softmax of the logits after temperature and top-k/top-p masking
 (masked tokens −inf), i.e. exactly the distribution the token was drawn from.  The top-k
-head comes from the same processed distribution (with top-p = 1 and top-k off it is the
-full-vocabulary softmax at the sampling temperature).  With temperature 0 (greedy) vLLM
-returns the log-softmax of the untempered logits.
+head comes from the same processed distribution, so it is asked only with top-p = 1 and
+top-k off, where it is the full-vocabulary softmax at the sampling temperature (the
+contract's head).  Temperature 0 is greedy: the sampling distribution is a point mass, so
+``log q = 0`` (as the hf engine returns) and a top-k head is refused.
+
+Stop strings end a response after the token that completes them, and the text keeps the
+stop string (``include_stop_str_in_output``), as in the hf engine.
 
 Weight updates write the Hugging Face state dict to a safetensors file in a private
 directory and call the worker's ``reload_weights(weights_path=dir)`` through
@@ -19,6 +23,7 @@ directory and call the worker's ``reload_weights(weights_path=dir)`` through
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -83,7 +88,7 @@ def vllm_sampling_params(s: SamplingParams, n_prompts: int) -> list[Any]:
 
     common = dict(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0,
                   max_tokens=s.max_new_tokens, repetition_penalty=s.repetition_penalty, stop=list(s.stop),
-                  logprobs=s.return_top_k)
+                  include_stop_str_in_output=True, logprobs=s.return_top_k)
     return [VSP(seed=None if s.seed is None else s.seed + i, **common) for i in range(n_prompts)]
 
 
@@ -113,7 +118,8 @@ class VLLMEngine:
         """Sample one response per prompt (repeat a prompt for a group).
 
         Raises:
-            ValueError: routed experts were asked for (not recorded by this engine).
+            ValueError: no prompts; routed experts asked (not recorded by this engine); a
+                top-k head asked with greedy decoding or with top-p/top-k truncation.
         """
         from vllm.inputs import TokensPrompt
 
@@ -121,9 +127,15 @@ class VLLMEngine:
             raise ValueError("the vllm engine does not record routed experts; use --rollout-engine sglang or hf")
         if not prompt_ids:
             raise ValueError("generate() needs at least one prompt")
+        if sampling.return_top_k and (sampling.temperature == 0 or sampling.top_p < 1 or sampling.top_k > 0):
+            raise ValueError("a top-k head needs temperature > 0, top-p 1 and top-k off (it is the full-vocabulary "
+                             f"softmax at the sampling temperature); got {sampling}")
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids],
                                  vllm_sampling_params(sampling, len(prompt_ids)), use_tqdm=False)
-        return to_generation_output([o.outputs[0] for o in outs], pad_id=self.pad_id, top_k=sampling.return_top_k)
+        out = to_generation_output([o.outputs[0] for o in outs], pad_id=self.pad_id, top_k=sampling.return_top_k)
+        if sampling.temperature == 0:  # greedy: a point mass
+            out = dataclasses.replace(out, log_probs=torch.zeros_like(out.log_probs))
+        return out
 
     def update_weights(self, state_dict: Any, version: int) -> None:
         """Load new weights (Hugging Face names) in place, without restarting the engine."""

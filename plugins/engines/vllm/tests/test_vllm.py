@@ -144,9 +144,18 @@ def test_seeds_and_stop_strings(engine):
     stop = text[len(text) // 2: len(text) // 2 + 3]
     assert stop.strip(), text
     c = engine.generate(prompts[:1], SamplingParams(temperature=1.0, max_new_tokens=16, seed=3, stop=(stop,)))
-    assert not c.truncated[0] and stop not in c.texts[0]
-    assert c.texts[0] == text[: text.index(stop)]
+    assert not c.truncated[0] and c.texts[0].endswith(stop)  # the text keeps the stop string
+    assert c.texts[0] == text[: text.index(stop) + len(stop)]
     assert 1 <= c.response_lengths[0] < 16
+    n = int(c.response_lengths[0])
+    assert torch.equal(c.response_ids[0, :n], a.response_ids[0, :n])  # same seed: a prefix of the free run
+    # greedy: log q = 0 (a point mass), and no top-k head
+    g = engine.generate(prompts[:2], SamplingParams(temperature=0.0, max_new_tokens=4))
+    assert torch.equal(g.response_ids[0], g.response_ids[1]) and (g.log_probs == 0).all()
+    with pytest.raises(ValueError, match="top-k head needs"):
+        engine.generate(prompts[:1], SamplingParams(temperature=0.0, return_top_k=2))
+    with pytest.raises(ValueError, match="top-k head needs"):
+        engine.generate(prompts[:1], SamplingParams(top_p=0.9, return_top_k=2))
 
 
 def test_contract():
