@@ -359,7 +359,9 @@ class ScoringPool:
                     except (EOFError, OSError):  # the worker died (segfault, os._exit, OOM kill)
                         if not w.ready:
                             self.close()
-                            raise RewardSetupError("a reward worker exited while starting") from None
+                            raise RewardSetupError(
+                                "a reward worker exited while starting (workers are spawned: a script that "
+                                "starts a run must guard it with `if __name__ == '__main__':`)") from None
                         if w.task is not None:
                             fail(w.task, "reward_errors", "the scorer's worker process died")
                         self._replace(w)
