@@ -70,7 +70,7 @@ def train(ctx: typer.Context) -> None:
         _print_problems([str(p) for p in problems])
         raise typer.Exit(2)
     if ns.dry_run:
-        _print_dry_run(cfg, resolved)
+        _print_dry_run(cfg, resolved, reg)
         return
     from relax_core.launch import launch
 
@@ -86,14 +86,22 @@ def _print_problems(lines: list[str]) -> None:
         console.print(f"{i}. {line}", markup=False)
 
 
-def _print_dry_run(cfg, resolved) -> None:
+def _print_dry_run(cfg, resolved, reg) -> None:
     from relax_core.config import config_to_dict
 
     ctx = resolved.context
-    chosen = {"estimator": ctx.estimator, "engine": ctx.engine, "backend": ctx.backend}
+    chosen = {k: {"name": v.name, "origin": v.origin}
+              for k, v in {"estimator": ctx.estimator, "engine": ctx.engine, "backend": ctx.backend}.items() if v}
+    if cfg.reward != "auto":
+        r = reg.get("reward", cfg.reward)
+        chosen["reward"] = {"name": r.spec.name, "origin": r.origin}
+    scheme = cfg.data.partition(":")[0]
+    for r in reg.components["data_source"].values():
+        if r.spec.scheme == scheme:
+            chosen["data_source"] = {"name": r.spec.name, "origin": r.origin}
     out = {
         "valid": True,
-        "components": {k: {"name": v.name, "origin": v.origin} for k, v in chosen.items() if v},
+        "components": chosen,
         "corrections": [{"name": c.name, "origin": c.origin} for c in ctx.corrections],
         "reward_processors": [{"name": c.name, "origin": c.origin} for c in ctx.processors],
         "config": config_to_dict(cfg),

@@ -61,6 +61,7 @@ def test_train_dry_run_valid(cli_registry):
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["components"]["estimator"] == {"name": "toy", "origin": "relax-toy 1.2.3"}
+    assert out["components"]["data_source"] == {"name": "rg", "origin": "relax-infra 1.0"}
     assert out["config"]["plugin_params"]["toy"] == {"beta": 0.25, "mode": "a"}
 
 
