@@ -205,7 +205,7 @@ def plugins_new(
 
 @app.command()
 def capabilities(
-    kind: Optional[str] = typer.Option(None, help="estimator, correction, engine, backend or reward_processor."),
+    kind: Optional[str] = typer.Option(None, help="estimator, correction, engine, backend, reward_processor, reward or data_source."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     markdown: bool = typer.Option(False, "--markdown", help="The docs page (docs/capabilities.md)."),
 ) -> None:
