@@ -48,7 +48,7 @@ deadline enforced here.
 ``--reward-processor``, each ``process(RewardBatch) -> RewardBatch``.
 
 This module imports nothing heavy at import time (torch only inside
-:func:`apply_processors`' checks, via the batch's own tensors).
+:func:`apply_processors`).
 """
 
 from __future__ import annotations
@@ -492,6 +492,8 @@ def apply_processors(processors: Sequence[Any], batch: RewardBatch) -> RewardBat
     Raises:
         TypeError / ValueError: a processor returned something else, naming it.
     """
+    import torch
+
     n = int(batch.rewards.shape[0])
     for p in processors:
         out = p.process(batch)
@@ -501,7 +503,7 @@ def apply_processors(processors: Sequence[Any], batch: RewardBatch) -> RewardBat
         if tuple(out.rewards.shape) != (n,) or tuple(out.keep.shape) != (n,):
             raise ValueError(f"reward processor {name} changed the batch shape: rewards "
                              f"{tuple(out.rewards.shape)}, keep {tuple(out.keep.shape)}, expected ({n},)")
-        if not out.rewards.is_floating_point() or str(out.keep.dtype) != "torch.bool":
+        if not out.rewards.is_floating_point() or out.keep.dtype != torch.bool:
             raise TypeError(f"reward processor {name} returned rewards {out.rewards.dtype} / keep "
                             f"{out.keep.dtype}; expected a float tensor and a bool tensor")
         batch = out
