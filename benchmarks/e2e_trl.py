@@ -83,6 +83,9 @@ def _gate() -> None:
     cmd = sys.stdin.readline().strip()
     if cmd != "go":
         sys.stdout.flush()
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()  # stop the local cluster this worker started
         os._exit(0)  # skip the final checkpoint / teardown: nothing after the last step is timed
 
 
@@ -120,7 +123,7 @@ def relax_worker(a: argparse.Namespace) -> None:
              "--rollout-max-response-len", str(a.max_new), "--num-rollout", str(a.total_steps + 1),
              "--num-steps-per-rollout", "1", "--lr", "1e-6", "--clip-grad", "1.0", "--eps-clip", "0.2",
              "--rollout-temperature", "1.0", "--seed", "0", "--output-dir", a.out_dir, "--run-name", "relax",
-             "--device", "cpu"]
+             "--device", "cpu", *a.relax_flags.split()]
     reg = load_registry()
     schemas = reg.param_schemas()
     cli, _, _ = parse_cli(flags, schemas)
@@ -336,6 +339,7 @@ def main() -> None:
     ap.add_argument("--data")
     ap.add_argument("--out-dir")
     ap.add_argument("--total-steps", type=int)
+    ap.add_argument("--relax-flags", default="", help="extra `relax train` flags for the relax worker")
     a = ap.parse_args()
     if a.worker:
         (relax_worker if a.worker == "relax" else trl_worker)(a)

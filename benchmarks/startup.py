@@ -113,7 +113,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tiny = str(make_tiny_model(Path(tmp) / "tiny", seed=0))
-        ft_runs = max(1, min(a.runs, 5))
+        ft_runs = max(1, min(a.runs, 3))
         libs = _median_subprocess([sys.executable, "-c", "import torch; from transformers import AutoModelForCausalLM"],
                                   ft_runs)
         first = [("python -c 'import torch; transformers AutoModel...'", libs),
