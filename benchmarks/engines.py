@@ -43,9 +43,9 @@ def main() -> None:
         eng = spec.build(None, cfg)
         load = time.perf_counter() - t0
         tok = eng.tokenizer
-        ids = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
-               for q in questions]
-        ids = [list(x["input_ids"]) if isinstance(x, dict) else list(x) for x in ids]
+        texts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+                 for q in questions]
+        ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
         batch = [p for p in ids for _ in range(a.samples)]
         eng.generate(batch[:2], SamplingParams(max_new_tokens=8, seed=1))  # warm-up
         tokens, seconds = 0, 0.0

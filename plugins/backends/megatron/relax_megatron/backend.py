@@ -153,13 +153,20 @@ class MegatronBackend:
             log-probs are those of ``softmax(z / τ)``, like the torch backend's.
         ref_loader: ``() -> HF state dict`` of the reference model, called by
             :meth:`setup` when a reference is needed.
+        device: ``--device``: ``auto`` (CUDA when visible, else CPU with the shim), ``cuda``
+            or ``cpu`` (refused on a machine with CUDA).
         Other arguments: the run's optimizer and batching flags.
     """
 
     def __init__(self, hf_config: Any, hf_state_dict: dict[str, Tensor], *, tp: int = 1, lr: float = 1e-5,
                  weight_decay: float = 0.0, clip_grad: float = 1.0, warmup_steps: int = 0,
                  micro_batch_size: int | None = None, seed: int = 1234, bf16: bool = False, temperature: float = 1.0,
-                 ref_loader: Any = None, tokenizer_source: str | None = None) -> None:
+                 ref_loader: Any = None, tokenizer_source: str | None = None, device: str = "auto") -> None:
+        if device == "cpu" and torch.cuda.is_available():
+            raise ValueError("--train-backend megatron with --device cpu on a machine with CUDA is not supported "
+                             "(its CPU shim patches torch.cuda); use --device cuda or auto")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda but no CUDA device is visible")
         self.cuda = torch.cuda.is_available()
         init_parallel(tp, seed=seed, cuda=self.cuda)
         from megatron.core import parallel_state as ps
@@ -425,4 +432,4 @@ def build(params: Any, config: Any) -> MegatronBackend:
         micro_batch_size=config.micro_batch_size, seed=config.seed, bf16=config.bf16,
         temperature=config.rollout_temperature,
         ref_loader=lambda: load_model(config.ref_load or config.model).state_dict(),
-        tokenizer_source=config.model)
+        tokenizer_source=config.model, device=config.device)

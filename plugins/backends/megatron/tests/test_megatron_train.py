@@ -66,3 +66,20 @@ def test_two_step_training_run(tiny_model_dir, tmp_path):  # noqa: F811
 
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")
     assert model.config.num_hidden_layers == 2
+
+
+def test_refused_combinations_name_the_capability():
+    """Corrections and estimators needing what megatron does not declare are refused."""
+    from relax_core.config import RunConfig
+    from relax_core.plugins import default_registry
+    from relax_core.validation import resolve
+
+    reg = default_registry()
+    cases = {"routing_replay": ("correction", "supports_routing_replay"), "ppo": ("estimator", "supports_critic")}
+    for name, (kind, _) in cases.items():
+        if name not in reg.names(kind):
+            pytest.skip(f"{kind} {name} not installed")
+    _, problems = resolve(RunConfig(train_backend="megatron", correction=("routing_replay",)), reg)
+    assert any("does not support it" in p.message or "routing replay" in p.message for p in problems), problems
+    _, problems = resolve(RunConfig(train_backend="megatron", advantage_estimator="ppo"), reg)
+    assert any(p.constraint == "needs_critic" and "megatron" in p.message for p in problems), problems

@@ -163,3 +163,15 @@ def test_contract():
     from relax_vllm.plugin import relax_register_rollout_engines
 
     check_contract(relax_register_rollout_engines()[0])
+
+
+def test_routing_replay_with_vllm_refused_at_startup():
+    from relax_core.config import RunConfig
+    from relax_core.plugins import default_registry
+    from relax_core.validation import resolve
+
+    reg = default_registry()
+    if "routing_replay" not in reg.names("correction"):
+        pytest.skip("routing_replay correction not installed")
+    _, problems = resolve(RunConfig(rollout_engine="vllm", correction=("routing_replay",)), reg)
+    assert any("engine 'vllm' does not record them" in p.message for p in problems), problems
