@@ -142,14 +142,40 @@ class Scorer:
         return (metadata or {}).get("scorer") or DEFAULT_SCORER
 
     def check(self, metadata: Sequence[Mapping | None]) -> None:
-        """Raise :class:`RewardSetupError` if some sample names a scorer that is not
-        installed (checked before scoring, so a typo fails loudly instead of giving a run
-        of unscored samples)."""
-        unknown = sorted({n for m in metadata if (n := self.name_for(m)) != "custom" and n not in self.specs})
+        """Make sure every scorer these samples need is installed and builds, building each
+        once in this process (so that a typo in ``metadata['scorer']``, or ``remote``
+        without ``--rm-url``, fails loudly before scoring instead of giving a run of
+        unscored samples).
+
+        Raises:
+            RewardSetupError: naming the unknown scorers, or the one that cannot be built.
+        """
+        names = sorted({self.name_for(m) for m in metadata})
+        unknown = [n for n in names if n != "custom" and n not in self.specs]
         if unknown:
             raise RewardSetupError(
                 f"no reward scorer named {', '.join(map(repr, unknown))} (from --reward or the data's "
                 f"metadata['scorer']); installed: {', '.join(sorted(self.specs)) or '(none)'}")
+        for name in names:
+            try:
+                self._build(name)
+            except RewardSetupError:
+                raise
+            except Exception as e:
+                raise RewardSetupError(f"reward scorer '{name}' cannot be built: {type(e).__name__}: {e}") from e
+
+    def _build(self, name: str) -> ScorerFn:
+        fn = self._built.get(name)
+        if fn is None:
+            if name == "custom":
+                fn = load_custom_scorer(self.custom_rm_path)
+            elif name not in self.specs:
+                raise RewardSetupError(f"no reward scorer named '{name}'; installed: {', '.join(sorted(self.specs))}")
+            else:
+                params = self.config.params_for(name) if self.config is not None else None
+                fn = self.specs[name].build(params, self.config)
+            self._built[name] = fn
+        return fn
 
     def resolve(self, metadata: Mapping | None) -> ScorerFn:
         """The scorer function for one sample, built on first use in this process.
@@ -159,17 +185,7 @@ class Scorer:
             Exception: whatever the scorer's factory raises (e.g. ``remote`` without
                 ``--rm-url``).
         """
-        name = self.name_for(metadata)
-        fn = self._built.get(name)
-        if fn is None:
-            if name == "custom":
-                fn = load_custom_scorer(self.custom_rm_path)
-            else:
-                self.check([metadata])
-                params = self.config.params_for(name) if self.config is not None else None
-                fn = self.specs[name].build(params, self.config)
-            self._built[name] = fn
-        return fn
+        return self._build(self.name_for(metadata))
 
     def __call__(self, response: str, label: Any, metadata: dict | None) -> float | None:
         return self.resolve(metadata)(response, label, metadata or {})
@@ -193,12 +209,7 @@ def resolve_scorer(cfg: Any, registry: Any = None) -> Scorer:
         raise RewardSetupError(f"--reward {cfg.reward} and --custom-rm-path {cfg.custom_rm_path} "
                                "both choose the scorer: give only one")
     scorer = Scorer(specs, reward=cfg.reward, custom_rm_path=cfg.custom_rm_path, config=cfg)
-    try:
-        scorer.resolve({})  # the custom, the fixed, or the default scorer
-    except RewardSetupError:
-        raise
-    except Exception as e:
-        raise RewardSetupError(f"reward scorer '{scorer.name_for({})}' cannot be built: {type(e).__name__}: {e}") from e
+    scorer.check([{}])  # builds the custom, the fixed, or the default scorer
     return scorer
 
 

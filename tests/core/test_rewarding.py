@@ -151,6 +151,12 @@ def test_setup_errors_surface_at_resolution():
     assert resolve_scorer(RunConfig(reward="needs_url", rm_url="http://127.0.0.1:1/"), reg).reward == "needs_url"
     with pytest.raises(RewardSetupError, match="no reward scorer named 'nope'"):
         resolve_scorer(RunConfig(reward="nope"), reg)
+    # a scorer named only by the data is built (checked) before any sample is scored
+    auto = resolve_scorer(RunConfig(), reg)
+    with pytest.raises(RewardSetupError, match="'needs_url' cannot be built"):
+        auto.check([{}, {"scorer": "needs_url"}])
+    with pytest.raises(RewardSetupError, match="'needs_url' cannot be built"):
+        score_batch(auto, ["1"], ["1"], [{"scorer": "needs_url"}], timeout=5, num_workers=1)
 
 
 def test_scorer_build_time_does_not_count_against_the_timeout():
