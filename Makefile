@@ -31,8 +31,15 @@ test: $(VENV)/.installed
 test-all: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -q
 
-bench: $(VENV)/.installed
-	$(PY) benchmarks/run_all.py
+# the benchmark suite (< 20 min on the 2-core dev machine); writes benchmarks/results/bench-<date>.md.
+# TRL gets its own venv (never the main one); the vLLM line uses .venv-vllm when present (.ci/vllm.sh).
+TRL_VENV := benchmarks/.envs/trl
+bench: $(VENV)/.installed $(TRL_VENV)/bin/python
+	$(PY) benchmarks/run_all.py $(ARGS)
+
+$(TRL_VENV)/bin/python:
+	python3 -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/pip install -q "torch==2.13.0" trl "transformers==5.19.0"
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

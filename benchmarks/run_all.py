@@ -1,0 +1,157 @@
+"""Run the whole benchmark suite and write one results file (``make bench``).
+
+Each benchmark is a script of its own that measures both sides in one invocation,
+alternates them and prints medians and ratios; this driver runs them one after the other
+(never two at once), and writes their output, with the machine, versions, load average, date
+and command, to ``benchmarks/results/bench-<UTC date>-<time>.md`` (``--out`` to choose).
+
+    .venv/bin/python benchmarks/run_all.py [--smoke] [--only NAME,...] [--out FILE]
+
+About 15–20 minutes on the 2-core development machine (most of it the end-to-end and
+scaling parts, which load models); ``--smoke`` runs every script at tiny sizes (a few
+minutes), to check that they still work.  The end-to-end comparison needs TRL's own venv
+(``make benchmarks/.envs/trl/bin/python``); the engine comparison needs ``.venv-vllm``
+(see ``.ci/vllm.sh``) and the vLLM engineer's ``benchmarks/engines.py``: a part whose
+environment is missing is reported as not measured, not silently dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PY = sys.executable
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
+TRL_PY = HERE / ".envs" / "trl" / "bin" / "python"
+
+#: (name, interpreter, script, full-run arguments, smoke arguments, what it measures)
+SUITE = [
+    ("algorithm", PY, "algorithm.py", [], ["--smoke"],
+     "1. algorithm stage: relax vs loop vs bandwidth floor, 64k/1M/8M tokens; M2PO solver scaling"),
+    ("e2e_trl", PY, "e2e_trl.py", [], ["--smoke"],
+     "2. end to end vs TRL GRPOTrainer (tiny Qwen3, SmolLM2-135M)"),
+    ("engines", VLLM_PY, "engines.py", [], ["--smoke"],
+     "3. rollout engines: hf vs vllm on the same batch"),
+    ("startup", PY, "startup.py", ["--runs", "9"], ["--smoke"],
+     "4. start-up: relax --help, capabilities, load + validation, first rollout token"),
+    ("scaling", PY, "scaling.py", [], ["--smoke"],
+     "5. scaling: batch 1x/2x/4x, data parallel 1 vs 2 ranks on Ray"),
+    ("async", PY, "async.py", [], ["--smoke"],
+     "sync vs fully-async on Ray (the Ray engineer's benchmark)"),
+    ("reward_scoring", PY, "reward_scoring.py", [], ["--n", "16"],
+     "reward scoring: worker pool vs serial (the rewards engineer's benchmark)"),
+]
+
+
+def has_smoke_mode(script: Path) -> bool:
+    """Whether a script offers ``--smoke`` (scripts by other engineers may not yet)."""
+    return '"--smoke"' in script.read_text()
+
+
+def _run(cmd: list[str], timeout: float | None = None) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+
+
+def machine() -> list[str]:
+    cpu = "?"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = "?"
+    try:
+        kb = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")))
+        mem = f"{kb / 2**20:.0f} GiB"
+    except (OSError, StopIteration):
+        pass
+    versions = _run([PY, "-c", "import torch, transformers, ray; print(f'torch {torch.__version__}, transformers "
+                               "{transformers.__version__}, ray {ray.__version__}')"])
+    trl = _run([str(TRL_PY), "-c", "import trl, transformers; print(f'trl {trl.__version__} (transformers "
+                                   "{transformers.__version__})')"]) if TRL_PY.exists() else "absent"
+    vllm = _run([str(VLLM_PY), "-c", "import vllm; print(f'vllm {vllm.__version__}')"], 120) if VLLM_PY.exists() else "absent"
+    return [
+        f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- machine: {platform.machine()}, {cpu}, {os.cpu_count()} logical CPUs, {mem} RAM, {platform.platform()}",
+        f"- python {platform.python_version()}; {versions}",
+        f"- TRL venv: {trl}; vLLM venv: {vllm}",
+        f"- git commit: {_run(['git', '-C', str(ROOT), 'rev-parse', '--short', 'HEAD'])}"
+        f"{' (uncommitted changes)' if _run(['git', '-C', str(ROOT), 'status', '--porcelain', '--', 'benchmarks']) else ''}",
+        f"- command: {' '.join([Path(PY).name, *sys.argv])}",
+        f"- load average at start: {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
+        "(a shared machine: absolute figures move with the load; ratios are measured side by side)",
+    ]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="every script at tiny sizes (checks they run)")
+    ap.add_argument("--only", default="", help="comma list of parts: " + ", ".join(s[0] for s in SUITE))
+    ap.add_argument("--out", default=None, help="results file (default benchmarks/results/bench-<date>.md; "
+                                                "with --smoke, nothing is written unless given)")
+    a = ap.parse_args()
+    only = {x.strip() for x in a.only.split(",") if x.strip()}
+    unknown = only - {s[0] for s in SUITE}
+    if unknown:
+        ap.error(f"unknown part(s): {', '.join(sorted(unknown))}")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M")
+    out = Path(a.out) if a.out else (None if a.smoke else HERE / "results" / f"bench-{stamp}.md")
+    lines = ["# Relax benchmark results" + (" (smoke run: tiny sizes, not figures)" if a.smoke else ""), ""]
+    lines += machine()
+    print("\n".join(lines), flush=True)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    failed = []
+    t_all = time.perf_counter()
+    for name, interp, script, full, smoke, what in SUITE:
+        if only and name not in only:
+            continue
+        path = HERE / script
+        head = f"\n## {what}\n"
+        if not path.exists() or not Path(interp).exists():
+            missing = path if not path.exists() else interp
+            body = f"NOT MEASURED: {missing} is missing on this machine."
+            print(head + body, flush=True)
+            lines += [head, body]
+            continue
+        if a.smoke and "--smoke" in smoke and not has_smoke_mode(path):
+            print(head + "skipped: no --smoke mode", flush=True)
+            lines += [head, "skipped: no --smoke mode"]
+            continue
+        cmd = [str(interp), str(path), *(smoke if a.smoke else full)]
+        print(head + f"$ {' '.join(Path(c).name if i < 2 else c for i, c in enumerate(cmd))}", flush=True)
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(ROOT))
+        dt = time.perf_counter() - t0
+        text = p.stdout.rstrip()
+        if p.returncode != 0:
+            failed.append(name)
+            text += f"\n\nFAILED (exit {p.returncode}); stderr tail:\n" + "\n".join(p.stderr.splitlines()[-25:])
+        print(text + f"\n({dt:.0f} s)", flush=True)
+        lines += [head, f"`{' '.join(Path(c).name if i < 2 else c for i, c in enumerate(cmd))}` ({dt:.0f} s)", "",
+                  "```", text, "```"]
+    total = time.perf_counter() - t_all
+    tail = (f"\nsuite: {total / 60:.1f} min; load average at the end: "
+            f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    print(tail)
+    lines.append(tail)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("\n".join(lines) + "\n")
+        print(f"results written to {out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
