@@ -9,7 +9,8 @@ import pytest
 from relax_math.plugin import MathParams, relax_register_reward_scorers
 from relax_math.scorers import MathScorer, final_answer, gsm8k_score, label_text
 
-GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
+# ../shared/data next to the repository (shared data; never copied into the repo)
+GSM8K_TEST = Path(__file__).resolve().parents[4].parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 strict = MathScorer()
 anchors = MathScorer(answer_format="anchors")
