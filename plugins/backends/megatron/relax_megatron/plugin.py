@@ -9,13 +9,16 @@ INSTALL_HINT = "pip install -e 'plugins/backends/megatron[backend]'  (megatron-c
 def relax_register_train_backends():
     return [BackendSpec(
         name="megatron",
-        summary="Megatron-core GPTModel built from a HF Llama/Qwen config; tensor parallel, vocab-parallel log-probs.",
+        summary="Megatron-core GPTModel built from a HF Llama/Qwen config; HF<->Megatron weights, vocab-parallel log-probs.",
         source="Shoeybi et al. 2019, Megatron-LM (arXiv:1909.08053) §3; megatron-core 0.16.1",
         factory="relax_megatron.factory:build",
         capabilities=BackendCapabilities(
             devices=frozenset({"cpu", "cuda"}),
             supports_data_parallel=False,
-            supports_tensor_parallel=True,
+            # Implemented and tested at the backend level (one process per TP rank under
+            # torchrun: TP = 2 equals TP = 1), but `relax train` starts one training process,
+            # so the run cannot use it yet: declared off until a launcher starts TP ranks.
+            supports_tensor_parallel=False,
             supports_context_parallel=False,
             supports_pipeline_parallel=False,
             supports_critic=False,

@@ -32,8 +32,9 @@ def test_gpu_only_and_unsupported_parallelism_refused_at_startup():
     assert r.returncode == 2, r.stdout + r.stderr
     out = r.stdout + r.stderr
     assert "backend 'megatron'" in out and "supports_context_parallel" in out and "supports_pipeline_parallel" in out
+    # TP works in the backend (test_megatron.py) but not yet through `relax train`'s one process
     r = _relax(["--train-backend", "megatron", "--tensor-parallel-size", "2", "--dry-run"], timeout=300)
-    assert "supports_tensor_parallel" not in r.stdout + r.stderr
+    assert r.returncode == 2 and "supports_tensor_parallel" in r.stdout + r.stderr
 
 
 @pytest.mark.slow
