@@ -185,7 +185,7 @@ def plugins_show(name: str, kind: Optional[str] = typer.Option(None, help="Disam
 @plugins_app.command("new")
 def plugins_new(
     name: str = typer.Argument(..., help="Component name, [a-z][a-z0-9_]* (package relax_<name>)."),
-    kind: str = typer.Option(..., "--kind", help="estimator, correction, reward, engine or backend."),
+    kind: str = typer.Option(..., "--kind", help="estimator, correction, reward, reward_processor, engine or backend."),
     dest: Optional[str] = typer.Option(None, "--dir", help="Parent directory (default: current)."),
     summary: Optional[str] = typer.Option(None, "--summary", help="One-line description."),
 ) -> None:

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from string import Template
 
-KINDS = ("estimator", "correction", "reward", "engine", "backend")
+KINDS = ("estimator", "correction", "reward", "reward_processor", "engine", "backend")
 
 _PYPROJECT = Template('''\
 [build-system]
@@ -46,7 +46,6 @@ A Relax $kind plugin: $summary
 
     pip install -e .
     relax plugins show $name
-    relax capabilities --kind $capkind
 $usage
 ## Develop
 
@@ -60,12 +59,15 @@ contract kit (`relax_contract` fixture), which picks its checks from those decla
 Publish with `python -m build` and `twine upload dist/*`.
 ''')
 
+# how to see it in the capability matrix (scorers declare no capabilities) and select it
 _USAGE = {
-    "estimator": "    relax train --advantage-estimator {name} --dry-run\n",
-    "correction": "    relax train --correction {name} --dry-run\n",
+    "estimator": "    relax capabilities --kind estimator\n    relax train --advantage-estimator {name} --dry-run\n",
+    "correction": "    relax capabilities --kind correction\n    relax train --correction {name} --dry-run\n",
     "reward": "    relax train --reward {name} --dry-run\n",
-    "engine": "    relax train --rollout-engine {name} --dry-run\n",
-    "backend": "    relax train --train-backend {name} --dry-run\n",
+    "reward_processor": "    relax capabilities --kind reward_processor\n"
+                        "    relax train --reward-processor {name} --dry-run\n",
+    "engine": "    relax capabilities --kind engine\n    relax train --rollout-engine {name} --dry-run\n",
+    "backend": "    relax capabilities --kind backend\n    relax train --train-backend {name} --dry-run\n",
 }
 
 _PLUGIN = {
@@ -140,6 +142,33 @@ def relax_register_reward_scorers():
         summary="$summary",
         source="TODO: where the scoring rule comes from",
         factory="relax_$name.$impl:build",
+    )]
+'''),
+    "reward_processor": Template('''\
+"""Hook implementations of relax-$dash (registration only: nothing heavy is imported)."""
+
+from dataclasses import dataclass
+
+from relax_core import RewardProcessorCapabilities, RewardProcessorSpec, hookimpl, param
+
+
+@dataclass(frozen=True)
+class Params:
+    penalty: float = param(1.0, "Subtracted from the reward of a truncated response.", ge=0.0)
+
+
+@hookimpl
+def relax_register_reward_processors():
+    return [RewardProcessorSpec(
+        name="$name",
+        summary="$summary",
+        source="TODO: where the shaping rule comes from",
+        factory="relax_$name.$impl:build",
+        params=Params,
+        capabilities=RewardProcessorCapabilities(
+            allowed_with_strict_estimators=False,  # it changes reward values
+            may_request_more_samples=False,        # it drops no groups
+        ),
     )]
 '''),
     "engine": Template('''\
@@ -273,6 +302,37 @@ def score(response: str, label, metadata: dict) -> float | None:
 def build(params, config):
     return score
 '''),
+    "reward_processor": Template('''\
+"""$summary
+
+Rule (TODO: replace with yours, and cite it):
+
+    r_i ← r_i − penalty · 1[y_i truncated]
+
+Glossary: r = ``rewards`` float32 [B] (NaN = unscored, stays NaN), ``truncated`` bool [B]
+(the response hit --rollout-max-response-len).  A metric named without a ``/`` is logged
+as ``rollout/<name>``.
+"""
+
+from __future__ import annotations
+
+from relax_core.contracts import RewardBatch
+
+
+class Processor:
+    def __init__(self, penalty: float):
+        self.penalty = penalty
+
+    def process(self, batch: RewardBatch) -> RewardBatch:
+        hit = batch.truncated.to(batch.rewards.dtype)                      # [B]
+        frac = float(hit.mean()) if hit.numel() else 0.0
+        return batch.replace(rewards=batch.rewards - self.penalty * hit,
+                             metrics={**batch.metrics, "${name}_frac": frac})
+
+
+def build(params, config) -> Processor:
+    return Processor(penalty=params.penalty)
+'''),
     "engine": Template('''\
 """$summary
 
@@ -334,7 +394,6 @@ import json
 import subprocess
 import sys
 
-$imports
 from relax_$name import plugin
 
 
@@ -403,16 +462,33 @@ def test_scores():
     assert score("", 42, {}) == 0.0
     assert score("42", None, {}) is None
 ''',
+    "reward_processor": '''
+
+def test_penalty_by_hand():
+    import math
+
+    import torch
+    from relax_core.contracts import RewardBatch
+
+    proc = _spec().build()  # penalty 1.0
+    batch = RewardBatch(rewards=torch.tensor([1.0, 0.0, float("nan"), 0.5]), group_index=torch.tensor([0, 0, 1, 1]),
+                        response_lengths=torch.tensor([8, 3, 8, 2]), truncated=torch.tensor([True, False, True, False]),
+                        responses=["a", "b", "c", "d"], keep=torch.ones(4, dtype=torch.bool))
+    out = proc.process(batch)
+    # 1 - 1 = 0; untouched; NaN stays NaN (unscored); untouched
+    assert out.rewards[[0, 1, 3]].tolist() == [0.0, 0.0, 0.5] and math.isnan(out.rewards[2])
+    assert out.metrics["${name}_frac"] == 0.5
+    assert out.keep.all() and out.group_index.tolist() == [0, 0, 1, 1]
+''',
     "engine": "",
     "backend": "",
 }
 
 _HOOKS = {"estimator": "relax_register_estimators", "correction": "relax_register_corrections",
-          "reward": "relax_register_reward_scorers", "engine": "relax_register_rollout_engines",
-          "backend": "relax_register_train_backends"}
+          "reward": "relax_register_reward_scorers", "reward_processor": "relax_register_reward_processors",
+          "engine": "relax_register_rollout_engines", "backend": "relax_register_train_backends"}
 _IMPL_NAMES = {"estimator": "estimator", "correction": "correction", "reward": "scorer",
-               "engine": "engine", "backend": "backend"}
-_CAPKIND = {"reward": "reward"}
+               "reward_processor": "processor", "engine": "engine", "backend": "backend"}
 
 
 def write_plugin(kind: str, name: str, dest: str | Path | None = None, summary: str | None = None) -> Path:
@@ -441,8 +517,8 @@ def write_plugin(kind: str, name: str, dest: str | Path | None = None, summary: 
         raise FileExistsError(f"{root} exists and is not empty")
     summary = summary or f"TODO: one line saying what the {kind} '{name}' does."
     impl = _IMPL_NAMES[kind]
-    subs = dict(name=name, dash=dash, kind=kind, summary=summary, impl=impl, hook=_HOOKS[kind],
-                capkind=_CAPKIND.get(kind, kind), usage=_USAGE[kind].format(name=name), imports="")
+    subs = dict(name=name, dash=dash, kind=kind.replace("_", " "), summary=summary, impl=impl, hook=_HOOKS[kind],
+                usage=_USAGE[kind].format(name=name))
     files = {
         "pyproject.toml": _PYPROJECT.substitute(subs),
         "README.md": _README.substitute(subs),

@@ -13,7 +13,7 @@ from relax_core.scaffold import KINDS, write_plugin
 
 NAMES = {kind: f"my_{kind}" for kind in KINDS}
 SELECT = {"estimator": "--advantage-estimator", "correction": "--correction", "reward": "--reward",
-          "engine": "--rollout-engine", "backend": "--train-backend"}
+          "reward_processor": "--reward-processor", "engine": "--rollout-engine", "backend": "--train-backend"}
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +62,8 @@ def test_dry_run_selects_it(scaffolded, kind):
         assert out["components"][kind] == {"name": name, "origin": origin}
     elif kind == "correction":
         assert out["corrections"] == [{"name": name, "origin": origin}]
+    elif kind == "reward_processor":
+        assert out["reward_processors"] == [{"name": name, "origin": origin}]
     else:
         assert out["config"]["reward"] == name
     if kind == "estimator":
