@@ -10,8 +10,8 @@ operator here, not a space).  Each row is::
     {"prompt": question, "label": answer,
      "metadata": {"scorer": "reasoning_gym", "rg_dataset": name, "rg_entry": entry}}
 
-where ``entry`` is reasoning-gym's ``{"question", "answer", "metadata"}`` item (JSON-safe),
-which its ``score_answer(answer, entry)`` needs.
+where ``entry`` is reasoning-gym's ``{"question", "answer", "metadata"}`` item exactly as
+generated (its ``score_answer(answer, entry)`` may compare tuples, so it is not converted).
 
 Scorer: extracts the model's final answer (the last ``\\boxed{}``, else the last
 ``<answer>...</answer>``, else, when the expected answer is a number, the last number in the
@@ -101,10 +101,6 @@ def parse_spec(spec: str, default_seed: int) -> tuple[str, dict[str, Any]]:
     return name, kwargs
 
 
-def _json_safe(entry: dict) -> dict:
-    return json.loads(json.dumps(entry, default=str))
-
-
 def load_rows(spec: str, config: Any = None) -> list[dict]:
     """Rows of ``rg:<spec>`` (``spec`` without the ``rg:`` prefix); see the module docstring.
 
@@ -119,8 +115,7 @@ def load_rows(spec: str, config: Any = None) -> list[dict]:
     except (AssertionError, TypeError, ValueError) as e:
         raise ValueError(f"reasoning-gym refused {name} with {kwargs}: {e or type(e).__name__}") from None
     rows = []
-    for entry in dataset:
-        entry = _json_safe(entry)
+    for entry in dataset:  # kept as generated: a JSON round trip (tuples -> lists) breaks some score_answer
         rows.append({"prompt": entry["question"], "label": entry["answer"],
                      "metadata": {"scorer": "reasoning_gym", "rg_dataset": name, "rg_entry": entry}})
     return rows

@@ -108,3 +108,10 @@ def test_registration():
     rows = reader("chain_sum?size=3", _Cfg())
     fn = scorer.build(None, None)
     assert [fn(f"\\boxed{{{r['label']}}}", r["label"], r["metadata"]) for r in rows] == [1.0] * 3
+
+
+def test_entries_are_kept_as_generated():
+    # rearc compares tuple grids: its entry must reach score_answer unconverted (a JSON
+    # round trip turning tuples into lists made its own answer score 0.05)
+    (row,) = load_rows("rearc?size=1&seed=1")
+    assert rg_score(f"<answer>{row['label']}</answer>", row["label"], row["metadata"]) == 1.0
