@@ -74,6 +74,9 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     except RewardSetupError as e:
         return _error(str(e))
 
+    if cfg.use_rollout_logprobs and not resolved.context.engine.caps.returns_log_probs:
+        return _error(f"--use-rollout-logprobs needs an engine that returns log-probs; '{cfg.rollout_engine}' does not")
+
     import numpy as np
     import torch
 

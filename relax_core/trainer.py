@@ -478,7 +478,10 @@ class Trainer:
         self.log = MetricsLogger(self.run_dir, cfg, self.config_dict, start_step=self.state.step)
         if cfg.resume:
             self.log.message(f"resumed from step {self.state.step}" if resumed else "no checkpoint found; starting fresh")
-        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:  # only the main thread may handle signals
+            previous = signal.signal(signal.SIGINT, self._on_sigint)
+        except ValueError:
+            previous = None
         code = EXIT_OK
         try:
             if self.eval_data is not None and cfg.eval_interval and self.state.step == 0:
@@ -514,12 +517,14 @@ class Trainer:
                 self.tokenizer.save_pretrained(str(final))
                 self.log.message(f"final model (Hugging Face format): {final}")
         finally:
-            signal.signal(signal.SIGINT, previous)
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
             self.log.close()
         return code
 
     def _record(self, step: int, metrics: dict[str, float]) -> None:
-        self.state.history.append({"step": step, **{k: (v if math.isfinite(v) else str(v)) for k, v in metrics.items()}})
+        self.state.history.append({"step": step, **{k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
+                                                    for k, v in metrics.items()}})
         self.log.log(step, metrics)
 
 
