@@ -7,9 +7,10 @@ backends, data sources) is a plugin registered through the hooks in
 
 The public API for plugin authors is exactly :data:`__all__`: the spec and capability
 types, :func:`param`, :data:`hookimpl` and :data:`API_VERSION` (importable without torch),
-and four modules, imported lazily on first access: ``contracts`` (the data contract between
+and five modules, imported lazily on first access: ``contracts`` (the data contract between
 stages), ``numerics`` (masked reductions, group statistics, KL, normalisation), ``policy``
-(PPO-clip, REINFORCE, the group advantage stage) and ``testing`` (the contract kit).
+(PPO-clip, REINFORCE, the group advantage stage), ``answers`` (final-answer extraction for
+reward scorers) and ``testing`` (the contract kit).
 Specs declare the ``api_version`` they were written against; the loader refuses versions it
 does not support.  Everything else in ``relax_core`` is internal and may change.
 """
@@ -58,10 +59,11 @@ __all__ = [
     "contracts",
     "numerics",
     "policy",
+    "answers",
     "testing",
 ]
 
-_LAZY_MODULES = ("contracts", "numerics", "policy", "testing")
+_LAZY_MODULES = ("contracts", "numerics", "policy", "answers", "testing")
 
 
 def __getattr__(name: str):
