@@ -26,6 +26,8 @@ from relax_core.distributed.workers import batch_to_dict, loss_recipe, sampling_
 
 #: attempts per generation chunk (1 + re-issues after an engine actor failure)
 MAX_GENERATE_ATTEMPTS = 4
+#: seconds to wait for a restarting engine actor (its constructor loads the model)
+RESTART_TIMEOUT_S = 600.0
 
 
 class TrainingWorkerDied(RuntimeError):
@@ -121,8 +123,9 @@ class RayEngine:
             attempts[i] += 1
             self.restarts += 1
             actor = self.actors[i]
-            if self._weights is not None:  # queued behind the restart: the current weights first
-                actor.update_weights.remote(self._weights, self.version)
+            self._await_restart(i)
+            if self._weights is not None:  # the current weights first
+                ray.get(actor.update_weights.remote(self._weights, self.version))
             pending[actor.generate.remote(*args[i])] = i
         if self.colocate:
             ray.get([a.offload.remote() for a in self.actors])
@@ -135,6 +138,27 @@ class RayEngine:
             truncated=torch.cat([o["truncated"] for o in outs]),
             texts=[t for o in outs for t in o["texts"]], **merged)
 
+    def _await_restart(self, i: int) -> None:
+        """Block until engine ``i`` answers again (Ray restarts a dead actor; calls made
+        while it restarts fail with ``ActorUnavailableError``).
+
+        Raises:
+            RuntimeError: it did not come back within :data:`RESTART_TIMEOUT_S` or is dead
+                for good (``max_restarts`` used up)."""
+        import ray
+
+        deadline = time.monotonic() + RESTART_TIMEOUT_S
+        while True:
+            try:
+                ray.get(self.actors[i].ping.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                return
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"rollout engine {i} did not restart within {RESTART_TIMEOUT_S:.0f} s") from None
+                time.sleep(0.5)
+            except (ray.exceptions.ActorDiedError, ray.exceptions.GetTimeoutError) as e:
+                raise RuntimeError(f"rollout engine {i} is gone: {type(e).__name__}: {e}") from e
+
     def update_weights(self, state_dict: Any, version: int) -> None:
         """Push ``state_dict`` (a name → tensor dict or an ``ObjectRef`` of one) to every
         engine; an engine that dies meanwhile gets it again after its restart."""
@@ -142,18 +166,20 @@ class RayEngine:
 
         ref = state_dict if isinstance(state_dict, ray.ObjectRef) else ray.put(state_dict)
         self._weights, self.version = ref, int(version)
-        failed = list(self.actors)
+        failed = list(range(len(self.actors)))
         for _ in range(MAX_GENERATE_ATTEMPTS):
-            calls = {a.update_weights.remote(ref, self.version): a for a in failed}
+            calls = {self.actors[i].update_weights.remote(ref, self.version): i for i in failed}
             failed = []
-            for call, actor in calls.items():
+            for call, i in calls.items():
                 try:
                     ray.get(call)
                 except ray.exceptions.RayActorError:
-                    failed.append(actor)
+                    failed.append(i)
             if not failed:
                 return
             self.restarts += len(failed)
+            for i in failed:
+                self._await_restart(i)
         raise RuntimeError(f"{len(failed)} rollout engine(s) could not take the weights of step {version}")
 
     def shutdown(self) -> None:
@@ -181,6 +207,7 @@ class RayBackend:
     def __init__(self, workers: list[Any]):
         self.workers = workers
         self.world_size = len(workers)
+        self.died = False
 
     def _all(self, calls: list[Any]) -> list[Any]:
         """Results of one call per rank, in rank order.
@@ -198,6 +225,7 @@ class RayBackend:
             try:
                 out[r] = ray.get(ready[0])
             except ray.exceptions.RayActorError as e:
+                self.died = True
                 raise TrainingWorkerDied(f"training worker rank {r} of {self.world_size} died ({type(e).__name__}); "
                                          "the run cannot continue without it") from e
         return out
@@ -257,10 +285,12 @@ class RayBackend:
     def shutdown(self) -> None:
         import ray
 
+        if self.died:  # the survivors may be blocked in a collective: the runtime kills them
+            return
         for w in self.workers:
             try:
                 ray.get(w.shutdown.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 - a dead rank needs no shutdown
+            except Exception:  # noqa: BLE001 - a rank that died meanwhile needs no shutdown
                 pass
 
 
