@@ -17,6 +17,8 @@ import argparse
 import dataclasses
 import difflib
 import math
+import types
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -217,8 +219,24 @@ def _suggest(key: str, valid: Iterable[str]) -> str:
 
 
 def _field_type(f: dataclasses.Field) -> str:
-    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    return t.replace(" ", "")
+    """The field's type as a compact string (``"float"``, ``"int|None"``, ``"tuple[str,...]"``),
+    whether annotations are strings (``from __future__ import annotations``) or objects
+    (``Optional[float]``, ``float | None``, ``Literal[...]``)."""
+    return _type_name(f.type).replace(" ", "")
+
+
+def _type_name(t: Any) -> str:
+    if isinstance(t, str):
+        return t
+    origin, args = typing.get_origin(t), typing.get_args(t)
+    if origin in (typing.Union, types.UnionType):
+        return "|".join(_type_name(a) for a in args)
+    if origin is typing.Literal:
+        kinds = {type(a).__name__ for a in args}
+        return kinds.pop() if len(kinds) == 1 else "str"
+    if origin is tuple:
+        return str(t)
+    return "None" if t is type(None) else getattr(t, "__name__", str(t))
 
 
 def _coerce(value: Any, f: dataclasses.Field, where: str) -> Any:

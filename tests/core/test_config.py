@@ -153,3 +153,21 @@ def test_two_plugins_may_share_a_flag():
     cfg = build_config(cli=cli, param_schemas=schemas)
     assert (cfg.plugin_params["a"].gamma, cfg.plugin_params["b"].gamma) == (0.9, 0.9)
     assert build_config(param_schemas=schemas).plugin_params["b"].gamma == 0.5  # each keeps its default
+
+
+def test_runtime_annotations_of_plugin_params_are_coerced():
+    """Plugin modules without ``from __future__ import annotations`` (typing objects)."""
+    ns = {}
+    exec("from dataclasses import dataclass\n"
+         "from typing import Literal, Optional\n"
+         "from relax_core import param\n"
+         "@dataclass(frozen=True)\n"
+         "class P:\n"
+         "    a: Optional[float] = param(None, 'a')\n"
+         "    b: float | None = param(None, 'b')\n"
+         "    c: Literal['x', 'y'] = param('x', 'c', choices=('x', 'y'))\n"
+         "    d: int = param(1, 'd')\n"
+         "    e: bool = param(False, 'e')\n", ns)
+    schemas = {"p": ns["P"]}
+    cli, _, _ = parse_cli(["--p-a", "0.5", "--p-b", "2", "--p-c", "y", "--p-d", "3", "--p-e"], schemas)
+    assert build_config(cli=cli, param_schemas=schemas).plugin_params["p"] == ns["P"](a=0.5, b=2.0, c="y", d=3, e=True)
