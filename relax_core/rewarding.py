@@ -59,6 +59,7 @@ import logging
 import math
 import multiprocessing as mp
 import numbers
+import os
 import pickle
 import threading
 import time
@@ -250,6 +251,9 @@ def _worker_main(conn: Any, payload: bytes) -> None:
     ``("start", i)`` (the timed call begins) and ``("done", i, reward)`` or
     ``("error", i, text)``.
     """
+    parent = mp.parent_process()
+    if parent is not None:  # a worker stuck in a scorer must not outlive a killed trainer
+        threading.Thread(target=lambda: (parent.join(), os._exit(0)), daemon=True).start()
     try:
         scorer = pickle.loads(payload)
     except BaseException:  # noqa: BLE001 - reported to the parent
