@@ -459,6 +459,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, param_schemas: Mapping
         if t == "bool":
             pg.add_argument(flag, dest="param:" + flag, action="store_true", default=argparse.SUPPRESS,
                             help=f"[{owners}] {pf.metadata.get('help', '')}")
+            if pf.default is True:
+                pg.add_argument("--no-" + flag[2:], dest="param:" + flag, action="store_false",
+                                default=argparse.SUPPRESS, help=f"Turn off {flag}.")
         else:
             pg.add_argument(flag, dest="param:" + flag, default=argparse.SUPPRESS, metavar=t.upper(),
                             help=f"[{owners}] {pf.metadata.get('help', '')} (default: {pf.default!r})")

@@ -171,3 +171,19 @@ def test_runtime_annotations_of_plugin_params_are_coerced():
     schemas = {"p": ns["P"]}
     cli, _, _ = parse_cli(["--p-a", "0.5", "--p-b", "2", "--p-c", "y", "--p-d", "3", "--p-e"], schemas)
     assert build_config(cli=cli, param_schemas=schemas).plugin_params["p"] == ns["P"](a=0.5, b=2.0, c="y", d=3, e=True)
+
+
+def test_plugin_bool_defaulting_to_true_has_a_no_flag():
+    from dataclasses import dataclass
+
+    from relax_core import param
+
+    @dataclass(frozen=True)
+    class P:
+        on: bool = param(True, "on by default")
+
+    schemas = {"p": P}
+    cli, _, _ = parse_cli(["--no-p-on"], schemas)
+    assert build_config(cli=cli, param_schemas=schemas).plugin_params["p"].on is False
+    cli, _, _ = parse_cli([], schemas)
+    assert build_config(cli=cli, param_schemas=schemas).plugin_params["p"].on is True
