@@ -1,8 +1,9 @@
 """The ``hf`` rollout engine: batched sampling over the KV cache of a transformers model.
 
-One ``generate`` call left-pads the prompts, runs one prefill forward (logits of the last
-position only), then one decode forward per new token for the rows still running (rows
-that finish are dropped from the KV cache).  At each step, on the float32 logits ``z`` of
+One ``generate`` call left-pads the distinct prompts, runs one prefill forward on them
+(logits of the last position only) and repeats each prompt's KV cache for its samples,
+then runs one decode forward per new token for the rows still running (rows that finish
+are dropped from the KV cache).  At each step, on the float32 logits ``z`` of
 the next token:
 
     z' = penalty(z)                    repetition penalty ρ on every token already in the
@@ -185,15 +186,19 @@ class HFEngine:
     @torch.inference_mode()
     def _generate_chunk(self, prompts: list[list[int]], s: SamplingParams, gen: torch.Generator) -> dict:
         dev, b = self.device, len(prompts)
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((b, width), self.pad_token_id, dtype=torch.long)
-        attn = torch.zeros((b, width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left-pad
+        # each distinct prompt is prefilled once (groups repeat a prompt n times), then its
+        # KV cache is repeated for every sample of the prompt
+        first: dict[tuple[int, ...], int] = {}
+        inverse = torch.tensor([first.setdefault(tuple(p), len(first)) for p in prompts], device=dev)
+        unique = list(first)
+        width = max(len(p) for p in unique)
+        input_ids = torch.full((len(unique), width), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((len(unique), width), dtype=torch.long)
+        for i, p in enumerate(unique):  # left-pad
             input_ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
             attn[i, width - len(p):] = 1
         input_ids, attn = input_ids.to(dev), attn.to(dev)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [b, P]
-        next_pos = pos[:, -1] + 1  # [b]
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [u, P]
         vocab = self.model.config.vocab_size
         t_new = s.max_new_tokens
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=dev)
@@ -207,7 +212,7 @@ class HFEngine:
         seen = None
         if s.repetition_penalty != 1.0:
             seen = torch.zeros((b, vocab), dtype=torch.bool, device=dev)
-            seen.scatter_(1, input_ids.clamp(0, vocab - 1), attn.bool())
+            seen.scatter_(1, input_ids[inverse].clamp(0, vocab - 1), attn[inverse].bool())
         lengths = torch.zeros(b, dtype=torch.long)
         truncated = torch.zeros(b, dtype=torch.bool)
         active = torch.arange(b, device=dev)  # original rows still running
@@ -222,14 +227,18 @@ class HFEngine:
             out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos,
                              use_cache=True, logits_to_keep=1)
             cache = out.past_key_values
+            cache.batch_select_indices(inverse)
+            logits = out.logits[inverse]
+            attn, next_pos = attn[inverse], pos[inverse, -1] + 1  # [b, P], [b]
             for t in range(t_new):
                 if recorder is not None:
                     r = recorder.routes()[:, -1].to(dev)  # [n, L, E] input position predicting token t
+                    r = r[inverse] if t == 0 else r
                     recorder.reset()
                     if routes is None:
                         routes = torch.full((b, t_new, *r.shape[1:]), -1, dtype=torch.long, device=dev)
                     routes[active, t] = r
-                z = out.logits[:, -1].float()  # [n, V]
+                z = logits[:, -1].float()  # [n, V]
                 if seen is not None:
                     z = apply_repetition_penalty(z, seen[active], s.repetition_penalty)
                 if s.temperature == 0:
@@ -261,8 +270,8 @@ class HFEngine:
                     cache.batch_select_indices(keep)
                     active, tok, attn, next_pos = active[keep], tok[keep], attn[keep], next_pos[keep]
                 attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
-                out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                                 past_key_values=cache, use_cache=True, logits_to_keep=1)
+                logits = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+                                    past_key_values=cache, use_cache=True, logits_to_keep=1).logits
                 next_pos = next_pos + 1
         finally:
             if recorder is not None:

@@ -22,7 +22,7 @@ def prompts(engine):
     msgs = ["What is 2+3?", "Hi", "Name a prime number larger than ten, please."]
     out = [tok.apply_chat_template([{"role": "user", "content": m}], add_generation_prompt=True)["input_ids"]
            for m in msgs]
-    return out + [[7, 8]]  # a 2-token prompt: heavy left padding
+    return out + [[7, 8], out[0], out[0]]  # a 2-token prompt (heavy left padding); a repeated prompt (a group)
 
 
 def teacher_forced_logits(model, prompt, response):
