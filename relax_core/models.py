@@ -60,8 +60,17 @@ def default_gguf_path() -> Path:
 
 
 def _marker_for(gguf: Path) -> dict[str, Any]:
-    st = gguf.stat()
-    return {"format": _CACHE_FORMAT, "source": gguf.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    """Identity of the GGUF by content (size and a hash of its first and last 4 MiB), not by
+    path or mtime: several virtual environments holding the same release share one cache."""
+    import hashlib
+
+    size = gguf.stat().st_size
+    h = hashlib.sha256()
+    with gguf.open("rb") as f:
+        h.update(f.read(4 << 20))
+        f.seek(max(0, size - (4 << 20)))
+        h.update(f.read(4 << 20))
+    return {"format": _CACHE_FORMAT, "source": gguf.name, "size": size, "sha256_head_tail": h.hexdigest()}
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
