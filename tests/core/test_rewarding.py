@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import rewarding_toy_scorers as toys
@@ -196,3 +201,40 @@ def test_prompts_reach_the_scorer_as_metadata():
 def test_an_unpicklable_sample_is_an_error_not_a_crash():
     rewards, stats = score_batch(toys.exact, ["1", "1"], ["1", "1"], [{"x": lambda: 0}, {}], timeout=5, num_workers=1)
     assert rewards == [None, 1.0] and stats == {"reward_errors": 1, "reward_timeouts": 0}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and "Z" in line for line in f)
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc to watch the worker")
+def test_a_hung_worker_does_not_outlive_a_killed_trainer(tmp_path):
+    script = tmp_path / "trainer.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, threading, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import rewarding_toy_scorers as toys
+        from relax_core.rewarding import ScoringPool
+        if __name__ == "__main__":
+            pool = ScoringPool(toys.hang_on_request, 1)
+            threading.Thread(target=pool.score, args=(["hang"], ["1"], [{{}}], 600), daemon=True).start()
+            while not pool._workers[0].started:
+                time.sleep(0.05)
+            print(pool._workers[0].process.pid, flush=True)
+            time.sleep(600)
+    """))
+    trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(trainer.stdout.readline())
+        assert _alive(worker)
+    finally:
+        trainer.kill()
+        trainer.wait()
+    deadline = time.monotonic() + 20
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker)
