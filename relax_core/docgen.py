@@ -2,7 +2,7 @@
 
 ``python -m relax_core.docgen [DOCS_DIR]`` rewrites the generated pages from the config
 object, the installed plugins' specs (parameters, capabilities) and their implementation
-docstrings (equation, glossary, source).  ``tests/core/test_docs.py`` fails when a
+docstrings (equation, glossary, source).  ``tests/docs/test_docs.py`` fails when a
 committed page is stale.  The capability matrix page (``docs/capabilities.md``) is written
 by ``relax capabilities --markdown`` instead.
 """
