@@ -16,11 +16,13 @@ is cheap.  Training code should import it only inside factories.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +122,10 @@ def ensure_default_model() -> Path:
     except (OSError, json.JSONDecodeError):
         pass
     target.parent.mkdir(parents=True, exist_ok=True)
+    for old in target.parent.glob(f".{DEFAULT_MODEL}-*"):  # left by killed conversions
+        with contextlib.suppress(OSError):
+            if time.time() - old.stat().st_mtime > 3600:
+                shutil.rmtree(old, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL}-", dir=target.parent))
     try:
         _convert_gguf(gguf, tmp)
