@@ -35,6 +35,13 @@ anchors = MathScorer(answer_format="anchors")
     ("\\boxed{\\text{D}}", "E", 0.0),
     ("<answer>\\boxed{42}</answer>", "42", 1.0),
     ("\\boxed{x+1}", "1+x", 1.0),
+    # the same values with numeric labels, as the issue writes them
+    ("\\fbox{42}", 42, 1.0),
+    ("\\boxed{115,000}", 115000, 1.0),
+    ("\\boxed{$1,234.00}", 1234, 1.0),
+    ("\\boxed{\\dfrac{3}{4}}", 0.75, 1.0),
+    ("\\boxed{\\text{13}}", 13, 1.0),
+    ("<answer>\\boxed{42}</answer>", 42, 1.0),
     ("\\boxed{3}", 3, 1.0),
     ("\\boxed{3}", 3.0, 1.0),
     ("\\boxed{4}", 3, 0.0),
@@ -50,6 +57,7 @@ def test_answer_anchor_only_when_allowed():
     assert strict(response, "13", {}) == 0.0
     assert anchors(response, "13", {}) == 1.0
     assert anchors(response, "14", {}) == 0.0
+    assert (strict(response, 13, {}), anchors(response, 13, {})) == (0.0, 1.0)
     assert anchors("<answer>42</answer>", "42", {}) == 1.0
     assert strict("<answer>42</answer>", "42", {}) == 0.0
     # a box wins over an anchor
@@ -84,7 +92,9 @@ def test_final_answer_extraction():
     ("Janet sells 9 eggs, so she makes $18 every day.", "She makes 9 * 2 = $<<9*2=18>>18.\n#### 18", 1.0),
     ("so she makes $19 every day.", "...\n#### 18", 0.0),
     ("The house costs 115,000 dollars", "115000", 1.0),
+    ("The house costs 115,000 dollars", 115000, 1.0),
     ("That is $1,234.00 in total", "1234", 1.0),
+    ("That is $1,234.00 in total", 1234, 1.0),
     ("I think \\boxed{18} (not 20)", "#### 18", 1.0),
     ("\\boxed{18 \\text{ dollars}}", 18, 1.0),
     ("2 + -1 = -1", "-1", 1.0),
