@@ -27,6 +27,11 @@ _KIND_TITLES = {"estimator": "Estimators", "correction": "Corrections", "reward"
                 "backend": "Training backends", "data_source": "Data sources"}
 
 
+#: The hand-written guide section each kind's pages point to (paths relative to the page).
+_GUIDE = {"estimator": "[Algorithms and corrections](../../guide/algorithms.md#values-the-tests-pin)",
+          "correction": "[Algorithms and corrections](../../guide/algorithms.md#corrections)"}
+
+
 def _bounds(meta) -> str:
     parts = []
     for key, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
@@ -85,6 +90,8 @@ def component_page(reg: Registry, kind: str, name: str) -> str:
     s = r.spec
     out = [f"# {name}", "", f"*{_KIND_TITLES[kind][:-1].lower()} from `{r.plugin.dist}`*", "",
            s.summary, "", f"**Source:** {s.source}", ""]
+    if kind in _GUIDE:
+        out += [f"When to use it, and the values its tests pin: {_GUIDE[kind]}.", ""]
     doc = _impl_doc(s.factory)
     if doc:
         out += ["## Method", "", "```text", doc, "```", ""]
