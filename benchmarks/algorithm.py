@@ -24,6 +24,9 @@ Three ways of doing the same work on the same tensors, alternated and repeated i
 Before timing, relax and loop are checked to agree (loss, gradient) on a small batch for
 every variant, so the loop is a fair stand-in and not a strawman.
 
+Times are CPU seconds of the benchmark process (``time.process_time``, one torch thread),
+medians of alternated repeats.
+
 Sizes: 64 k, 1 M and 8 M padded tokens (T = 1024 positions, B = 64 / 1024 / 8192 samples,
 groups of 8, lengths uniform in [T/2, T], 2 % unscored samples).  Throughput counts the
 padded B·T tokens.  The loop at 8 M is run for grpo only, once (it is linear in the number
@@ -266,9 +269,13 @@ def bandwidth_probe(B: int, T: int) -> tuple[callable, int]:
 
 
 def _time(fn) -> float:
-    t0 = time.perf_counter()
+    """CPU seconds of this process for one call.  Single-threaded on a shared machine, CPU
+    time is the cost of the work itself; wall time would add the time spent waiting for a
+    core, which depends on the other jobs (and would favour the sub-millisecond floor probe,
+    which fits in one scheduler slice, over the longer stages, which do not)."""
+    t0 = time.process_time()
     fn()
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 def check_agreement() -> None:
@@ -320,11 +327,52 @@ def run_size(name: str, B: int, repeats: int, loop_repeats: int, loop_variants: 
     return rows
 
 
+def compile_demo(B: int = 1024, repeats: int = 3) -> None:
+    """What fusion buys: grpo's per-token loss + reduction + metrics (the part after the
+    advantages) eager vs ``torch.compile`` (inductor, CPU), same inputs, alternated."""
+    from relax_core.numerics import reduce_loss
+    from relax_core.policy import ppo_clip_loss
+
+    b = make_batch(B, T_LEN)
+    mask, old, lp = b["mask"], b["old"], b["log_probs"]
+    adv = torch.randn(B, generator=torch.Generator().manual_seed(0))[:, None].expand(B, T_LEN).contiguous()
+
+    def loss_and_metrics(x):
+        out = ppo_clip_loss(x, old, adv, mask, EPS, EPS_HIGH)
+        return (reduce_loss(out.loss, mask, "seq-mean-token-mean"),
+                [reduce_loss(v.detach(), mask, "token-mean") for v in out.token_metrics.values()])
+
+    def run(f):
+        lp.grad = None
+        loss, metrics = f(lp)
+        loss.backward()
+        return [float(m) for m in metrics]
+
+    compiled = torch.compile(loss_and_metrics)
+    t0 = time.perf_counter()
+    run(compiled)
+    t_compile = time.perf_counter() - t0
+    probe, probe_bytes = bandwidth_probe(B, T_LEN)
+    probe()
+    te, tc, tp = [], [], []
+    for _ in range(repeats):
+        te.append(_time(lambda: run(loss_and_metrics)))
+        tc.append(_time(lambda: run(compiled)))
+        tp.append(min(_time(probe) for _ in range(5)))
+    floor = min(tp) * input_bytes("grpo", (), B, T_LEN) / probe_bytes
+    e, c = statistics.median(te), statistics.median(tc)
+    print(f"\nfusion demo (grpo policy loss + reduction + metrics, forward + backward, {B * T_LEN:,} tokens): "
+          f"eager {e * 1e3:.1f} ms, torch.compile {c * 1e3:.1f} ms ({e / c:.1f}x faster; compile took {t_compile:.0f} s); "
+          f"floor {floor * 1e3:.2f} ms: eager {e / floor:.0f}x, compiled {c / floor:.0f}x the floor")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat (checks the script runs)")
     ap.add_argument("--loop-8m", action="store_true", help="run the loop at 8 M tokens for every variant (slow)")
+    ap.add_argument("--compile-demo", action="store_true",
+                    help="also time grpo's loss eager vs torch.compile at 1 M tokens (compiling takes a minute or more)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -340,6 +388,8 @@ def main() -> None:
     run_size("1M", SIZES["1M"], 3, 2, everything)
     run_size("8M", SIZES["8M"], 2, 1, everything if a.loop_8m else {"grpo"})
     group_bench.solver_scaling([1_000, 4_000, 16_000, 64_000, 256_000, 1_000_000, 4_000_000, 8_000_000])
+    if a.compile_demo:
+        compile_demo()
 
 
 if __name__ == "__main__":

@@ -38,9 +38,10 @@ after each step; TRL samples with the training model itself.  Relax scores in it
 worker pool (2 processes, per-call timeouts); TRL calls the reward function in-process.  The
 transformers version is the same on both sides (5.19.0).
 
-Metrics: seconds per step (median over the counted steps), generated tokens/s (generated
+Metrics: seconds per step (wall, median over the counted steps; CPU seconds of the trainer
+process beside it: on the shared machine it moves less with the load), generated tokens/s (generated
 tokens / generation seconds), trained tokens/s (response tokens in the loss / step seconds),
-peak RSS of the trainer process (``ru_maxrss``; Relax's reward workers are separate
+peak RSS of the trainer process (``VmHWM``; Relax's reward workers are separate
 processes, their RSS is reported apart), and the load time (process start to the first step,
 model and tokenizer loading included; the two sides load one after the other).
 
@@ -90,9 +91,12 @@ def _gate() -> None:
 
 
 def _peak_rss_mb() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak RSS of this process (``VmHWM``; not ``ru_maxrss``, which Linux carries over
+    from the forking parent across ``exec``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def _children_rss_mb() -> float:
@@ -135,11 +139,11 @@ def relax_worker(a: argparse.Namespace) -> None:
 
     def gated_step(self, step):
         _gate()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         m = step_fn(self, step)
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         tokens = m["rollout/response_len/mean"] * m["rollout/num_samples"]
-        _emit({"event": "step", "seconds": dt, "gen_seconds": m["perf/rollout_time"], "gen_tokens": tokens,
+        _emit({"event": "step", "seconds": dt, "cpu_seconds": cpu, "gen_seconds": m["perf/rollout_time"], "gen_tokens": tokens,
                "trained_tokens": tokens, "rss_mb": _peak_rss_mb(), "helpers_rss_mb": _children_rss_mb(),
                "reward": m.get("rollout/raw_reward")})
         return m
@@ -177,11 +181,11 @@ def trl_worker(a: argparse.Namespace) -> None:
     class Gate(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             _gate()
-            timing.update(gen=0.0, tokens=0, t0=time.perf_counter())
+            timing.update(gen=0.0, tokens=0, t0=time.perf_counter(), c0=time.process_time())
 
         def on_step_end(self, args, state, control, **kw):
-            dt = time.perf_counter() - timing["t0"]
-            _emit({"event": "step", "seconds": dt, "gen_seconds": timing["gen"], "gen_tokens": timing["tokens"],
+            dt, cpu = time.perf_counter() - timing["t0"], time.process_time() - timing["c0"]
+            _emit({"event": "step", "seconds": dt, "cpu_seconds": cpu, "gen_seconds": timing["gen"], "gen_tokens": timing["tokens"],
                    "trained_tokens": timing["tokens"], "rss_mb": _peak_rss_mb(), "helpers_rss_mb": _children_rss_mb(),
                    "reward": timing.get("reward")})
 
@@ -293,6 +297,7 @@ def compare(kind: str, a: argparse.Namespace, work: Path) -> dict:
         counted = rows[a.warmup:]
         summary[name] = {
             "s_per_step": statistics.median(r["seconds"] for r in counted),
+            "cpu_s_per_step": statistics.median(r["cpu_seconds"] for r in counted),
             "gen_tok_s": sum(r["gen_tokens"] for r in counted) / sum(r["gen_seconds"] for r in counted),
             "trained_tok_s": sum(r["trained_tokens"] for r in counted) / sum(r["seconds"] for r in counted),
             "tokens_per_step": statistics.mean(r["trained_tokens"] for r in counted),
@@ -305,18 +310,20 @@ def compare(kind: str, a: argparse.Namespace, work: Path) -> dict:
 
 
 def report(summaries: list[dict], a: argparse.Namespace) -> str:
-    lines = [f"{'model':<9}{'side':<7}{'s/step':>8}{'gen tok/s':>11}{'trained tok/s':>15}{'tokens/step':>13}"
+    lines = [f"{'model':<9}{'side':<7}{'s/step':>8}{'CPU s':>7}{'gen tok/s':>11}{'trained tok/s':>15}{'tokens/step':>13}"
              f"{'gen share':>11}{'peak RSS MB':>13}{'helpers MB':>12}{'load s':>8}"]
     for s in summaries:
         for side in ("relax", "trl"):
             r = s[side]
-            lines.append(f"{s['model']:<9}{side:<7}{r['s_per_step']:>8.2f}{r['gen_tok_s']:>11.0f}{r['trained_tok_s']:>15.0f}"
+            lines.append(f"{s['model']:<9}{side:<7}{r['s_per_step']:>8.2f}{r['cpu_s_per_step']:>7.2f}"
+                         f"{r['gen_tok_s']:>11.0f}{r['trained_tok_s']:>15.0f}"
                          f"{r['tokens_per_step']:>13.0f}{r['gen_share']:>10.0%}{r['peak_rss_mb']:>13.0f}"
                          f"{r['helpers_rss_mb']:>12.0f}{s['load_s'][side]:>8.1f}")
         rx, tx = s["relax"], s["trl"]
         lines.append(f"{s['model']:<9}{'ratio':<7}{tx['s_per_step'] / rx['s_per_step']:>7.2f}x"
+                     f"{tx['cpu_s_per_step'] / rx['cpu_s_per_step']:>6.2f}x"
                      f"{rx['gen_tok_s'] / tx['gen_tok_s']:>10.2f}x{rx['trained_tok_s'] / tx['trained_tok_s']:>14.2f}x"
-                     f"   (Relax / TRL: >1 means Relax is faster; s/step column is TRL s / Relax s)")
+                     f"   (>1 means Relax is faster: TRL/Relax for s and CPU s, Relax/TRL for tokens/s)")
     lines.append(f"batch: {a.prompts} prompts × {a.group} samples, max {a.max_new} new tokens; "
                  f"{a.warmup} warm-up + {a.steps} counted steps per side, alternated; {a.threads} torch threads")
     return "\n".join(lines)
