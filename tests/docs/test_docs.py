@@ -1,0 +1,86 @@
+"""The documentation site: the generated pages are fresh, every flag the hand-written pages
+mention exists, and `mkdocs build --strict` (warnings are errors: broken links, pages
+missing from the nav) succeeds."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+REGEN = "python -m relax_core.docgen docs"
+#: Generated pages (docgen, `relax capabilities --markdown`): checked for freshness instead.
+GENERATED = ("components", "reference")
+#: Flags the pages mention that are not relax's: pip's, and the guide's example plugin.
+OTHER_FLAGS = {"--no-deps", "--target", "--myalgo-beta"}
+#: Files the docs link to that other issues commit: the Ray guide (issue 8), the default
+#: run's figure (issue 7).  See test_site_builds_strict.
+PENDING = ("guide/ray.md", "images/default-run.png")
+
+
+def test_generated_pages_are_fresh():
+    from relax_core.docgen import pages
+    from relax_core.plugins import default_registry
+
+    expected = {rel: text if text.endswith("\n") else text + "\n" for rel, text in pages(default_registry()).items()}
+    stale = [rel for rel, text in expected.items() if not (DOCS / rel).is_file() or (DOCS / rel).read_text() != text]
+    extra = sorted(rel for p in (DOCS / "components").rglob("*.md")
+                   if (rel := p.relative_to(DOCS).as_posix()) not in expected)
+    assert not stale and not extra, (
+        f"generated docs are stale (changed or missing: {stale}; no longer generated: {extra}); "
+        f"regenerate with `{REGEN}` and commit docs/reference and docs/components")
+
+
+def _relax_flags() -> set[str]:
+    """Every flag of `relax train --help` (core and installed plugins) and of the other commands."""
+    import typer
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    res = CliRunner().invoke(app, ["train", "--help"])
+    flags = set(re.findall(r"--[a-z0-9][a-z0-9-]*", res.output))
+    stack = [typer.main.get_command(app)]
+    while stack:
+        cmd = stack.pop()
+        flags.update(o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--"))
+        stack.extend(getattr(cmd, "commands", {}).values())  # sub-commands of a group
+    return flags
+
+
+def test_every_flag_mentioned_exists():
+    known = _relax_flags() | OTHER_FLAGS
+    assert "--advantage-estimator" in known and "--m2po-kl2-budget" in known and "--kind" in known
+    unknown = {}
+    for page in sorted(DOCS.rglob("*.md")):
+        rel = page.relative_to(DOCS)
+        if rel.parts[0] in GENERATED or rel.as_posix() == "capabilities.md":
+            continue
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", page.read_text()):
+            if flag not in known:
+                unknown.setdefault(flag, set()).add(rel.as_posix())
+    assert not unknown, f"the docs mention flags that do not exist: {unknown}"
+
+
+@pytest.mark.skipif(shutil.which("mkdocs", path=str(Path(sys.executable).parent)) is None,
+                    reason="mkdocs is not installed (pip install -e '.[test]')")
+def test_site_builds_strict(tmp_path):
+    """`mkdocs build --strict`.  While a page another issue owes is not committed yet
+    (PENDING), the build runs without --strict and only the warnings naming that file are
+    tolerated; any other warning fails."""
+    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
+    missing = [rel for rel in PENDING if not (DOCS / rel).exists()]
+    res = subprocess.run([mkdocs, "build", "--no-strict" if missing else "--strict", "--site-dir", str(tmp_path / "site")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-6000:]
+    warnings = [line for line in res.stderr.splitlines() if line.startswith("WARNING")
+                and not any(rel in line or Path(rel).name in line for rel in missing)]
+    assert not warnings, "\n".join(warnings)
+    assert (tmp_path / "site" / "index.html").is_file()
+    assert (tmp_path / "site" / "guide" / "algorithms" / "index.html").is_file()
