@@ -19,6 +19,7 @@ parallelism and pipeline parallelism are not wired in yet (declared unsupported,
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -155,6 +156,8 @@ class MegatronBackend:
             :meth:`setup` when a reference is needed.
         device: ``--device``: ``auto`` (CUDA when visible, else CPU with the shim), ``cuda``
             or ``cpu`` (refused on a machine with CUDA).
+        bf16: ``--bf16``: bfloat16 autocast in the forward, float32 weights and optimizer
+            state, float32 log-softmax (as the torch backend).
         Other arguments: the run's optimizer and batching flags.
     """
 
@@ -176,7 +179,7 @@ class MegatronBackend:
         self.hf_config = hf_config
         self.arch = convert.arch_from_hf_config(hf_config)
         convert.check_tp(self.arch, tp)
-        self.dtype = torch.bfloat16 if bf16 else torch.float32
+        self.bf16 = bf16
         self.temperature = temperature if temperature > 0 else 1.0
         self.model = self._build(hf_state_dict)
         self.ref: Any = None
@@ -189,7 +192,7 @@ class MegatronBackend:
         self.step = 0
 
     def _build(self, state_dict: dict[str, Tensor]) -> Any:
-        model = convert.build_gpt_model(self.arch, params_dtype=self.dtype, bf16=self.dtype == torch.bfloat16)
+        model = convert.build_gpt_model(self.arch)  # float32 weights (the master copy with --bf16)
         convert.load_hf_state_dict(model, state_dict, self.arch)
         return model.to(self.device).eval()
 
@@ -226,7 +229,8 @@ class MegatronBackend:
         ids, pos, at = pack_sequences(mb.prompt_ids, resp)
         s = ids.shape[1]
         causal = torch.triu(torch.ones(s, s, dtype=torch.bool, device=self.device), diagonal=1)[None, None]
-        logits = model(ids.to(self.device), pos.to(self.device), causal)  # [b, S, V/tp]
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            logits = model(ids.to(self.device), pos.to(self.device), causal)  # [b, S, V/tp]
         at = at.to(self.device)
         picked = logits.gather(1, at.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [b, T, V/tp]
         top_ids = None
@@ -422,7 +426,15 @@ class MegatronBackend:
 
 def build(params: Any, config: Any) -> MegatronBackend:
     """Factory: load ``--model`` and build the backend (the reference model, when a KL term
-    needs it, is loaded by ``setup`` from ``--ref-load`` or ``--model``)."""
+    needs it, is loaded by ``setup`` from ``--ref-load`` or ``--model``).
+
+    Raises:
+        ImportError: megatron-core is not installed (the message gives the install line).
+    """
+    if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+        from relax_megatron.plugin import INSTALL_HINT
+
+        raise ImportError(f"--train-backend megatron needs megatron-core, which is not installed: {INSTALL_HINT}")
     from relax_core.models import load_model
 
     hf = load_model(config.model)

@@ -112,9 +112,8 @@ def check_tp(a: ArchSpec, tp: int) -> None:
             raise ValueError(f"{what} = {n} is not divisible by --tensor-parallel-size {tp}")
 
 
-def build_gpt_model(a: ArchSpec, *, params_dtype: torch.dtype = torch.float32, bf16: bool = False,
-                    sequence_length: int | None = None) -> Any:
-    """A Megatron-core ``GPTModel`` (local spec, no Transformer Engine) for ``a``.
+def build_gpt_model(a: ArchSpec, *, sequence_length: int | None = None) -> Any:
+    """A Megatron-core ``GPTModel`` (local spec, no Transformer Engine, float32 weights) for ``a``.
 
     Must be called after ``parallel_state.initialize_model_parallel``; the weights are
     random (``perform_initialization=False``) until :func:`load_hf_state_dict`.
@@ -142,8 +141,7 @@ def build_gpt_model(a: ArchSpec, *, params_dtype: torch.dtype = torch.float32, b
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=_tp_size(),
-        params_dtype=params_dtype,
-        bf16=bf16,
+        params_dtype=torch.float32,
         perform_initialization=False,
         use_cpu_initialization=not torch.cuda.is_available(),
         bias_dropout_fusion=False,

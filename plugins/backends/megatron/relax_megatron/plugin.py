@@ -11,7 +11,7 @@ def relax_register_train_backends():
         name="megatron",
         summary="Megatron-core GPTModel built from a HF Llama/Qwen config; HF<->Megatron weights, vocab-parallel log-probs.",
         source="Shoeybi et al. 2019, Megatron-LM (arXiv:1909.08053) §3; megatron-core 0.16.1",
-        factory="relax_megatron.factory:build",
+        factory="relax_megatron.backend:build",
         capabilities=BackendCapabilities(
             devices=frozenset({"cpu", "cuda"}),
             supports_data_parallel=False,

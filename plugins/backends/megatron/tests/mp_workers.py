@@ -111,9 +111,17 @@ def worker(rank: int, world: int, port: int, kind: str, out_path: str) -> None:
     skipped = be.train_step(batch, ToyLoss(n, nan=True))
     unchanged = max((be.engine_state_dict()[k] - before[k]).abs().max().item() for k in before)
     stepped = be.train_step(batch, ToyLoss(n))
+    ckpt = out_path + f".ckpt{rank}"
+    be.save_checkpoint(ckpt)
+    saved = be.engine_state_dict()
+    be.train_step(batch, ToyLoss(n))
+    moved_again = max((be.engine_state_dict()[k] - saved[k]).abs().max().item() for k in saved)
+    be.load_checkpoint(ckpt)
+    restored = max((be.engine_state_dict()[k] - saved[k]).abs().max().item() for k in saved)
+    restored_step = be.step
     ref_lp = be.forward(batch, role="ref").log_probs
     actor_lp = be.forward(batch).log_probs
-    res = {"ref_log_probs": ref_lp, "actor_after": actor_lp,"log_probs": fwd.log_probs, "entropy": fwd.entropy, "top_k": fwd.top_k_log_probs,
+    res = {"ckpt": (moved_again, restored, restored_step), "ref_log_probs": ref_lp, "actor_after": actor_lp,"log_probs": fwd.log_probs, "entropy": fwd.entropy, "top_k": fwd.top_k_log_probs,
            "skipped": skipped, "unchanged": unchanged, "stepped": stepped, "before": before,
            "after": be.engine_state_dict(), "step": be.step}
     if rank == 0:

@@ -126,6 +126,9 @@ def test_tp2_equals_tp1(tp1, tp2):
         assert (tp2[key] - tp1[key])[m].abs().max() < 1e-5, key
     assert (tp2["top_k"] - tp1["top_k"])[m].abs().max() < 1e-5
     assert abs(tp2["stepped"]["grad_norm"] - tp1["stepped"]["grad_norm"]) < 1e-5
+    for res in (tp1, tp2):  # a checkpoint restores the weights and the step after another step moved them
+        moved_again, restored, step = res["ckpt"]
+        assert moved_again > 1e-4 and restored == 0.0 and step == 1
     assert all(torch.equal(tp2["before"][k], tp1["before"][k]) for k in tp1["before"])
     worst = max((tp2["after"][k] - tp1["after"][k]).abs().max().item() for k in tp1["after"])
     assert worst < 2e-5, worst

@@ -16,6 +16,7 @@ recorded payloads).  This module has not yet been run on a GPU.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -178,7 +179,15 @@ class SGLangEngine:
 
 
 def build(params: Any, config: Any) -> SGLangEngine:
-    """Factory: an SGLang engine for ``config.model``."""
+    """Factory: an SGLang engine for ``config.model``.
+
+    Raises:
+        ImportError: the engine's package is not installed (the message gives the install line).
+    """
+    if importlib.util.find_spec("sglang") is None:
+        from relax_sglang.plugin import INSTALL_HINT
+
+        raise ImportError(f"--rollout-engine sglang needs SGLang, which is not installed: {INSTALL_HINT}")
     from relax_core.models import load_tokenizer, resolve_model_path
 
     return SGLangEngine(resolve_model_path(config.model), load_tokenizer(config.model), mode=params.mode,

@@ -29,7 +29,7 @@ def relax_register_rollout_engines():
         name="sglang",
         summary="SGLang native /generate: tempered log-probs, top-k, routed experts (R3); weights from disk or tensors. GPU only, untested on GPU so far.",
         source="Zheng et al. 2024, SGLang: Efficient Execution of Structured Language Model Programs (NeurIPS'24)",
-        factory="relax_sglang.factory:build",
+        factory="relax_sglang.engine:build",
         params=SGLangParams,
         capabilities=EngineCapabilities(
             devices=frozenset({"cuda"}),

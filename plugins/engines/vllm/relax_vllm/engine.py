@@ -24,6 +24,7 @@ directory and call the worker's ``reload_weights(weights_path=dir)`` through
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -161,7 +162,15 @@ class VLLMEngine:
 
 def build(params: Any, config: Any) -> VLLMEngine:
     """Factory: an engine for ``config.model`` (the embedded default resolves to its converted
-    Hugging Face directory)."""
+    Hugging Face directory).
+
+    Raises:
+        ImportError: the engine's package is not installed (the message gives the install line).
+    """
+    if importlib.util.find_spec("vllm") is None:
+        from relax_vllm.plugin import INSTALL_HINT
+
+        raise ImportError(f"--rollout-engine vllm needs vLLM, which is not installed: {INSTALL_HINT}")
     from relax_core.models import load_tokenizer, resolve_model_path
 
     return VLLMEngine(resolve_model_path(config.model), load_tokenizer(config.model), seed=config.seed,

@@ -26,7 +26,7 @@ def relax_register_rollout_engines():
         name="vllm",
         summary="vLLM (LLM in-process): log-probs of the sampling distribution (processed_logprobs), top-k, weight reload.",
         source="Kwon et al. 2023, Efficient Memory Management for LLM Serving with PagedAttention (SOSP'23); vLLM 0.32",
-        factory="relax_vllm.factory:build",
+        factory="relax_vllm.engine:build",
         params=VLLMParams,
         capabilities=EngineCapabilities(
             devices=frozenset({"cpu", "cuda"}),
