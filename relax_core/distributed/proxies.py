@@ -195,8 +195,11 @@ class RayEngine:
 class RayBackend:
     """A :class:`~relax_core.contracts.TrainBackend` over the data-parallel ranks.
 
-    Every call shards the batch into ``world_size`` consecutive, as-equal-as-possible
-    pieces (``--global-batch-size`` is validated divisible), one per rank.  ``train_step``
+    Every call shards the batch into ``world_size / model_parallel`` consecutive,
+    as-equal-as-possible pieces, one per data-parallel replica (``--global-batch-size`` is
+    validated divisible).  ``model_parallel`` = tensor × pipeline × context parallel size:
+    consecutive ranks form one model replica (rank ``r`` is replica ``r // model_parallel``,
+    Megatron's order), get the same shard, and only the replica's first rank reports.  ``train_step``
     sends each rank its shard and the loss's recipe (settings and the *global*
     denominators); the ranks' gradients are summed by the backend's all-reduce, so the
     step equals one process on the whole batch.  The loss metrics of the ranks are
@@ -204,9 +207,12 @@ class RayBackend:
     object, whose ``metrics()`` the trainer reads.
     """
 
-    def __init__(self, workers: list[Any]):
+    def __init__(self, workers: list[Any], *, model_parallel: int = 1):
+        if len(workers) % model_parallel:
+            raise ValueError(f"{len(workers)} training ranks are not a multiple of the model-parallel size {model_parallel}")
         self.workers = workers
         self.world_size = len(workers)
+        self.model_parallel = model_parallel
         self.died = False
 
     def _all(self, calls: list[Any]) -> list[Any]:
@@ -231,16 +237,24 @@ class RayBackend:
         return out
 
     def _shards(self, batch: Any) -> list[dict]:
+        """One shard per rank (the ranks of a model replica share theirs)."""
         from relax_core.trainer import _slice
 
-        return [batch_to_dict(_slice(batch, lo, hi)) for lo, hi in split_even(batch.size, self.world_size)]
+        mp = self.model_parallel
+        per_replica = [batch_to_dict(_slice(batch, lo, hi)) for lo, hi in split_even(batch.size, self.world_size // mp)]
+        return [per_replica[r // mp] for r in range(self.world_size)]
+
+    def _reporting(self, outs: list[Any]) -> list[Any]:
+        """The results of each replica's first rank."""
+        return outs[:: self.model_parallel]
 
     def forward(self, batch: Any, *, role: str = "actor", entropy: bool = False, top_k: bool = False) -> Any:
         import torch
 
         from relax_core.contracts import ForwardOutput
 
-        outs = self._all([w.forward.remote(s, role, entropy, top_k) for w, s in zip(self.workers, self._shards(batch))])
+        outs = self._reporting(self._all([w.forward.remote(s, role, entropy, top_k)
+                                          for w, s in zip(self.workers, self._shards(batch))]))
         cat = {k: None if outs[0][k] is None else torch.cat([o[k] for o in outs]) for k in outs[0]}
         return ForwardOutput(**cat)
 
@@ -250,7 +264,8 @@ class RayBackend:
         ranks, ``grad_norm`` / ``lr`` of rank 0 (equal on every rank), ``skipped`` and
         ``nonfinite/*`` if any rank reports them, ``micro_batches`` summed."""
         recipe = loss_recipe(loss_fn)
-        outs = self._all([w.train_step.remote(s, recipe, role) for w, s in zip(self.workers, self._shards(batch))])
+        outs = self._reporting(self._all([w.train_step.remote(s, recipe, role)
+                                          for w, s in zip(self.workers, self._shards(batch))]))
         result: dict[str, float] = {}
         for r, (res, _) in enumerate(outs):
             for k, v in res.items():
@@ -265,22 +280,28 @@ class RayBackend:
                 loss_fn._acc.add(k.removeprefix("train/"), v)
         return result
 
+    def _replica0(self) -> list[Any]:
+        """The ranks of the first model replica (they call collectives together)."""
+        return self.workers[: self.model_parallel]
+
     def engine_state_dict(self) -> Any:
-        """An ``ObjectRef`` of rank 0's weights (Hugging Face names), taken after the
+        """An ``ObjectRef`` of rank 0's full weights (Hugging Face names), taken after the
         calls already sent to it; :class:`RayEngine` passes it on without a copy through
-        the driver."""
-        return self.workers[0].engine_state_dict.remote()
+        the driver.  (With model parallelism the replica's ranks gather together.)"""
+        refs = [w.engine_state_dict.remote() for w in self._replica0()]
+        return refs[0]
 
     def save_checkpoint(self, path: str) -> None:
-        """Rank 0 writes (the ranks' weights and optimizer states are equal); ``path``
-        must be on storage the driver and rank 0 share (multi-node: a shared file system)."""
-        self._all([self.workers[0].save_checkpoint.remote(str(Path(path).resolve()))])
+        """The first replica writes (data-parallel replicas hold equal weights and
+        optimizer states); ``path`` must be on storage the driver and those ranks share
+        (multi-node: a shared file system)."""
+        self._all([w.save_checkpoint.remote(str(Path(path).resolve())) for w in self._replica0()])
 
     def load_checkpoint(self, path: str) -> None:
         self._all([w.load_checkpoint.remote(str(Path(path).resolve())) for w in self.workers])
 
     def save_hf(self, path: str) -> None:
-        self._all([self.workers[0].save_hf.remote(str(Path(path).resolve()))])
+        self._all([w.save_hf.remote(str(Path(path).resolve())) for w in self._replica0()])
 
     def shutdown(self) -> None:
         import ray

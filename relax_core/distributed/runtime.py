@@ -107,10 +107,11 @@ def start_train_group(config: dict, world: int, setup: dict, corrections: list[s
     from relax_core.distributed.workers import TrainWorker
 
     train = ray.remote(max_restarts=0)(TrainWorker)
-    workers = [train.options(**options[r]).remote(config, r, world, setup, corrections) for r in range(world)]
+    workers = [train.options(**options[r]).remote(config, r, world) for r in range(world)]
     wait_alive(workers)
     host, port = ray.get(workers[0].address.remote())
     ray.get([w.init_group.remote(host, port) for w in workers])
+    ray.get([w.configure.remote(config, setup, corrections) for w in workers])
     return workers
 
 
@@ -175,7 +176,8 @@ def start_ray(cfg: Any, config_dict: dict, *, setup: dict, corrections: list[str
             ray.shutdown()
         raise
     engine = RayEngine(engines, tokenizer, colocate=cfg.colocate)
-    return RayRuntime(engine=engine, backend=RayBackend(workers),
+    model_parallel = cfg.tensor_parallel_size * cfg.pipeline_parallel_size * cfg.context_parallel_size
+    return RayRuntime(engine=engine, backend=RayBackend(workers, model_parallel=model_parallel),
                       trainer_class=AsyncTrainer if cfg.fully_async else RayTrainer,
                       startup_s=time.monotonic() - t0, engines=engines, workers=workers, groups=groups,
                       started_ray=started)

@@ -161,23 +161,22 @@ class TrainWorker:
     gradient; estimator statistics that span the batch are reduced over the group
     (``PolicyLossInput.process_group``).
 
-    Args:
-        config: the run's config dict.
-        rank / world_size: this rank and the group size.
-        setup: keyword arguments of the backend's ``setup`` (``needs_ref``,
-            ``needs_critic``, ``needs_top_k``, ``routing_replay``); the critic settings
-            come from this rank's estimator.
-        corrections: correction names in application order.
+    Life cycle: ``TrainWorker(config, rank, world_size)`` → :meth:`init_group` →
+    :meth:`configure` (``setup``: keyword arguments of the backend's ``setup``:
+    ``needs_ref``, ``needs_critic``, ``needs_top_k``, ``routing_replay``; the critic
+    settings come from this rank's estimator; ``corrections``: names in application order).
     """
 
-    def __init__(self, config: dict, rank: int, world_size: int, setup: dict, corrections: list[str]):
+    def __init__(self, config: dict, rank: int, world_size: int):
+        self.cfg = config_from_dict(config)
         self.rank, self.world_size = rank, world_size
         self.group = None
-        self.configure(config, setup, corrections)
 
     def configure(self, config: dict, setup: dict, corrections: list[str]) -> None:
-        """(Re)build the estimator, corrections and backend for ``config`` (the process
-        group is kept: a new run's components on the same ranks)."""
+        """Build the estimator, corrections and backend for ``config``, after
+        :meth:`init_group` (a backend such as megatron sets up its own parallel groups
+        inside the world it finds); called again, it builds another run's components on
+        the same group."""
         import torch
 
         cfg = self.cfg = config_from_dict(config)
@@ -204,7 +203,8 @@ class TrainWorker:
 
         if self.world_size == 1:
             return
-        backend = "nccl" if getattr(self.backend, "device", torch.device("cpu")).type == "cuda" else "gloo"
+        dev = self.cfg.device
+        backend = "nccl" if dev == "cuda" or (dev == "auto" and torch.cuda.is_available()) else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world_size, timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
         self.group = dist.group.WORLD
