@@ -122,21 +122,27 @@ def concat(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     return batches[0].replace(**out)
 
 
-def rollout_metrics(batch: RolloutBatch, raw: torch.Tensor) -> dict[str, float]:
-    """``rollout/*`` metrics of a scored batch (``raw``: the scorer's rewards ``[B]``)."""
-    lengths = batch.response_lengths.float()
+def rollout_metrics(batch: RolloutBatch, generated: list[RolloutBatch]) -> dict[str, float]:
+    """``rollout/*`` metrics of a step: rewards, lengths and truncation over every generated
+    sample (``generated``: the scored batches before any filter); the share of no-signal
+    groups over the batch that is trained on (``batch``)."""
+    raw = torch.cat([g.rewards for g in generated])
+    lengths = torch.cat([g.response_lengths for g in generated]).float()
     finite = torch.isfinite(raw)
-    st = group_stats(batch.rewards, batch.group_index)
-    no_signal = (st["group_count"] < 2) | (st["group_std"] <= ZERO_STD_TOL)
-    return {
+    out = {
         "rollout/raw_reward": float(raw[finite].mean()) if finite.any() else math.nan,
-        "rollout/reward": float(batch.rewards[torch.isfinite(batch.rewards)].mean()) if torch.isfinite(batch.rewards).any() else math.nan,
         "rollout/response_len/mean": float(lengths.mean()),
         "rollout/response_len/max": float(lengths.max()),
-        "rollout/truncated_ratio": float(batch.truncated.float().mean()),
-        "rollout/zero_std_group_frac": float(no_signal.float().mean()),
+        "rollout/truncated_ratio": float(torch.cat([g.truncated for g in generated]).float().mean()),
         "rollout/num_samples": float(batch.size),
     }
+    if batch.size:
+        st = group_stats(batch.rewards, batch.group_index)
+        no_signal = (st["group_count"] < 2) | (st["group_std"] <= ZERO_STD_TOL)
+        kept = torch.isfinite(batch.rewards)
+        out["rollout/reward"] = float(batch.rewards[kept].mean()) if kept.any() else math.nan
+        out["rollout/zero_std_group_frac"] = float(no_signal.float().mean())
+    return out
 
 
 # --------------------------------------------------------------------------- debug replay
@@ -273,7 +279,7 @@ class Trainer:
         cfg = self.cfg
         rounds = 1 + (cfg.max_oversampling_rounds if self.c.processor_resamples else 0)
         kept: list[RolloutBatch] = []
-        raw: list[torch.Tensor] = []
+        generated: list[RolloutBatch] = []
         metrics: dict[str, float] = {"rollout/reward_errors": 0.0, "rollout/reward_timeouts": 0.0}
         n_groups, gen_tokens, t_gen = 0, 0, 0.0
         for r in range(rounds):
@@ -295,7 +301,7 @@ class Trainer:
                     metrics[k] = metrics.get(k, 0.0) + v
             if cfg.save_debug_rollout_data and r == 0:
                 save_rollout(Path(cfg.save_debug_rollout_data), step, batch)
-            raw.append(batch.rewards)
+            generated.append(batch)
             batch, proc_metrics = self.post_process(batch)
             metrics.update(proc_metrics)
             kept.append(batch)
@@ -306,7 +312,7 @@ class Trainer:
         if n_groups > cfg.rollout_batch_size:  # keep the first rollout_batch_size groups
             first = set(torch.unique(batch.group_index).tolist()[: cfg.rollout_batch_size])
             batch = select(batch, [i for i, g in enumerate(batch.group_index.tolist()) if g in first])
-        metrics.update(rollout_metrics(batch, torch.cat(raw)))
+        metrics.update(rollout_metrics(batch, generated))
         metrics["perf/rollout_time"] = t_gen
         metrics["perf/rollout_tokens_per_s"] = gen_tokens / max(t_gen, 1e-9)
         return batch, metrics

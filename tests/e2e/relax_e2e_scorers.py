@@ -7,3 +7,9 @@ def vowel_fraction(response: str, label, metadata) -> float:
     even for a random model, so advantages are not all zero."""
     letters = [c for c in response.lower() if c.isalpha()]
     return sum(c in "aeiou" for c in letters) / len(letters) if letters else 0.0
+
+
+def brevity(response: str, label, metadata) -> float:
+    """1 for an empty response, falling linearly to 0 at 120 characters: a dense signal the
+    default model can follow within a few steps (it can end its answer sooner)."""
+    return max(0.0, 1.0 - len(response) / 120.0)

@@ -186,3 +186,36 @@ def test_wandb_offline_mode_writes_a_local_run(tmp_path, monkeypatch):
     assert tr.run() == EXIT_OK
     runs = list((tmp_path / "runs" / "r" / "wandb").glob("offline-run-*"))
     assert runs, "no offline W&B run directory"
+
+
+class _DropGroups:
+    """Keeps only groups whose index is odd (a stand-in for a dynamic-sampling filter)."""
+
+    def process(self, rb):
+        return rb.replace(keep=rb.group_index % 2 == 1, metrics={"filter/kept": float((rb.group_index % 2 == 1).sum())})
+
+
+class _DropAll:
+    def process(self, rb):
+        return rb.replace(keep=torch.zeros_like(rb.keep))
+
+
+def test_filtering_processor_with_oversampling_fills_the_batch(tmp_path):
+    tr, _ = make_trainer(tmp_path, num_rollout=2, rollout_batch_size=2, max_oversampling_rounds=2)
+    tr.c.processors, tr.c.processor_resamples = [_DropGroups()], True
+    assert tr.run() == EXIT_OK
+    recs = read_metrics(tmp_path / "runs" / "r")
+    # each round keeps 1 of 2 groups: two rounds give the 2 groups × 4 samples to train on
+    assert [r["rollout/num_samples"] for r in recs] == [8.0, 8.0]
+    assert "filter/kept" in recs[0] and math.isfinite(recs[0]["train/loss"])
+
+
+def test_a_step_whose_samples_are_all_filtered_out_trains_nothing(tmp_path):
+    tr, f = make_trainer(tmp_path, num_rollout=1, max_oversampling_rounds=1)
+    tr.c.processors, tr.c.processor_resamples = [_DropAll()], True
+    before = f.model.w.detach().clone()
+    assert tr.run() == EXIT_OK
+    rec = read_metrics(tmp_path / "runs" / "r")[0]
+    assert rec["train/empty_batch"] == 1.0 and rec["rollout/num_samples"] == 0.0
+    assert rec["rollout/response_len/mean"] > 0  # lengths describe what was generated
+    torch.testing.assert_close(f.model.w, before)
