@@ -8,6 +8,7 @@ equation and the source, tests that run the contract kit, and a README.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from string import Template
@@ -22,7 +23,7 @@ build-backend = "setuptools.build_meta"
 [project]
 name = "relax-$dash"
 version = "0.1.0"
-description = "$summary"
+description = $qsummary
 readme = "README.md"
 requires-python = ">=3.11"
 dependencies = ["relax-core>=0.1"]
@@ -88,7 +89,7 @@ class Params:
 def relax_register_estimators():
     return [EstimatorSpec(
         name="$name",
-        summary="$summary",
+        summary=$qsummary,
         source="TODO: paper title, section and equation number",
         factory="relax_$name.$impl:build",
         params=Params,
@@ -118,7 +119,7 @@ class Params:
 def relax_register_corrections():
     return [CorrectionSpec(
         name="$name",
-        summary="$summary",
+        summary=$qsummary,
         source="TODO: paper title, section and equation number",
         factory="relax_$name.$impl:build",
         params=Params,
@@ -139,7 +140,7 @@ from relax_core import RewardScorerSpec, hookimpl
 def relax_register_reward_scorers():
     return [RewardScorerSpec(
         name="$name",
-        summary="$summary",
+        summary=$qsummary,
         source="TODO: where the scoring rule comes from",
         factory="relax_$name.$impl:build",
     )]
@@ -161,7 +162,7 @@ class Params:
 def relax_register_reward_processors():
     return [RewardProcessorSpec(
         name="$name",
-        summary="$summary",
+        summary=$qsummary,
         source="TODO: where the shaping rule comes from",
         factory="relax_$name.$impl:build",
         params=Params,
@@ -181,7 +182,7 @@ from relax_core import EngineCapabilities, EngineSpec, hookimpl
 def relax_register_rollout_engines():
     return [EngineSpec(
         name="$name",
-        summary="$summary",
+        summary=$qsummary,
         source="TODO: the inference library this wraps",
         factory="relax_$name.$impl:build",
         capabilities=EngineCapabilities(devices=frozenset({"cpu"}), returns_log_probs=True,
@@ -198,7 +199,7 @@ from relax_core import BackendCapabilities, BackendSpec, hookimpl
 def relax_register_train_backends():
     return [BackendSpec(
         name="$name",
-        summary="$summary",
+        summary=$qsummary,
         source="TODO: the training library this wraps",
         factory="relax_$name.$impl:build",
         capabilities=BackendCapabilities(devices=frozenset({"cpu"})),
@@ -208,7 +209,7 @@ def relax_register_train_backends():
 
 _IMPL = {
     "estimator": Template('''\
-"""$summary
+"""$docsummary
 
 Equation (TODO: replace with your method's, and cite it):
 
@@ -249,7 +250,7 @@ def build(params, config) -> Estimator:
     return Estimator(baseline_scale=params.baseline_scale)
 '''),
     "correction": Template('''\
-"""$summary
+"""$docsummary
 
 Equation (TODO: replace with your method's, and cite it):
 
@@ -283,7 +284,7 @@ def build(params, config) -> Correction:
     return Correction(clip=params.clip)
 '''),
     "reward": Template('''\
-"""$summary
+"""$docsummary
 
 Rule (TODO: replace): 1.0 when the last line of the response equals the label (stripped),
 0.0 otherwise; ``None`` when the label is missing (cannot be scored).
@@ -303,7 +304,7 @@ def build(params, config):
     return score
 '''),
     "reward_processor": Template('''\
-"""$summary
+"""$docsummary
 
 Rule (TODO: replace with yours, and cite it):
 
@@ -334,7 +335,7 @@ def build(params, config) -> Processor:
     return Processor(penalty=params.penalty)
 '''),
     "engine": Template('''\
-"""$summary
+"""$docsummary
 
 TODO: wrap your inference library.  Implement the ``RolloutEngine`` protocol of
 ``relax_core.contracts``: ``generate(prompt_ids, sampling) -> GenerationOutput`` with the
@@ -364,7 +365,7 @@ def build(params, config) -> Engine:
     return Engine()
 '''),
     "backend": Template('''\
-"""$summary
+"""$docsummary
 
 TODO: wrap your training library.  Implement the ``TrainBackend`` protocol of
 ``relax_core.contracts`` (``forward``, ``train_step``, ``engine_state_dict``,
@@ -516,13 +517,17 @@ def write_plugin(kind: str, name: str, dest: str | Path | None = None, summary: 
     if root.exists() and any(root.iterdir()):
         raise FileExistsError(f"{root} exists and is not empty")
     summary = summary or f"TODO: one line saying what the {kind} '{name}' does."
+    if "\n" in summary or not summary.strip():
+        raise ValueError("the summary must be one non-empty line")
     impl = _IMPL_NAMES[kind]
     subs = dict(name=name, dash=dash, kind=kind.replace("_", " "), summary=summary, impl=impl, hook=_HOOKS[kind],
+                qsummary=json.dumps(summary, ensure_ascii=False),  # a TOML and a Python string literal
+                docsummary=summary.replace("\\", "\\\\").replace('"', '\\"'),  # inside a docstring
                 usage=_USAGE[kind].format(name=name))
     files = {
         "pyproject.toml": _PYPROJECT.substitute(subs),
         "README.md": _README.substitute(subs),
-        f"relax_{name}/__init__.py": f'"""relax-{dash}: {summary}"""\n',
+        f"relax_{name}/__init__.py": '"""relax-%s: %s"""\n' % (dash, subs["docsummary"]),
         f"relax_{name}/plugin.py": _PLUGIN[kind].substitute(subs),
         f"relax_{name}/{impl}.py": _IMPL[kind].substitute(subs),
         f"tests/test_{name}.py": _TESTS_COMMON.substitute(subs, extra=Template(_EXTRA[kind]).substitute(subs)),

@@ -88,3 +88,37 @@ def test_unsupported_api_version_is_refused_with_the_distribution(make_site, tmp
     res = site.relax("train", "--dry-run", "--advantage-estimator", "future_algo")
     assert res.returncode == 2
     assert "api_version 2" in res.stderr and "relax-future-algo" in res.stderr, res.stderr
+
+
+def test_summary_with_quotes_and_backslashes_is_quoted(tmp_path):
+    import ast
+    import tomllib
+
+    summary = 'Says "hi" \\ o/ "quoted"'
+    for kind in KINDS:
+        pkg = write_plugin(kind, f"q_{kind}", tmp_path, summary=summary)
+        assert tomllib.loads((pkg / "pyproject.toml").read_text())["project"]["description"] == summary
+        plugin_py = pkg / f"relax_q_{kind}" / "plugin.py"
+        for py in pkg.rglob("*.py"):
+            ast.parse(py.read_text(), str(py))
+        call = next(n for n in ast.walk(ast.parse(plugin_py.read_text())) if isinstance(n, ast.keyword) and n.arg == "summary")
+        assert ast.literal_eval(call.value) == summary
+        init = ast.parse((pkg / f"relax_q_{kind}" / "__init__.py").read_text())
+        assert ast.get_docstring(init) == f"relax-q-{kind.replace('_', '-')}: {summary}"
+
+
+@pytest.mark.parametrize("kind,name,summary,error", [
+    ("estimator", "Bad-Name", None, ValueError),
+    ("optimizer", "ok", None, ValueError),
+    ("estimator", "ok", "two\nlines", ValueError),
+])
+def test_bad_arguments_are_refused(tmp_path, kind, name, summary, error):
+    with pytest.raises(error):
+        write_plugin(kind, name, tmp_path, summary=summary)
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_existing_non_empty_directory_is_refused(tmp_path):
+    write_plugin("reward", "taken", tmp_path)
+    with pytest.raises(FileExistsError):
+        write_plugin("reward", "taken", tmp_path)
