@@ -17,8 +17,9 @@ DOCS = ROOT / "docs"
 REGEN = "python -m relax_core.docgen docs"
 #: Generated pages (docgen, `relax capabilities --markdown`): checked for freshness instead.
 GENERATED = ("components", "reference")
-#: Flags the pages mention that are not relax's: pip's, and the guide's example plugin.
-OTHER_FLAGS = {"--no-deps", "--target", "--myalgo-beta"}
+#: Flags the pages mention that are not relax's: pip's, `ray start`'s, and the example
+#: plugin's of the plugin guide.
+OTHER_FLAGS = {"--no-deps", "--target", "--head", "--address", "--port", "--num-gpus", "--myalgo-beta"}
 #: Files the docs link to that other issues commit: the Ray guide (issue 8), the default
 #: run's figure (issue 7).  See test_site_builds_strict.
 PENDING = ("guide/ray.md", "images/default-run.png")
