@@ -3,6 +3,7 @@ directory (never into the shared environment) and run the `relax` CLI with it vi
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -25,8 +26,10 @@ class Site:
         self.env = env
 
     def install(self, *packages: Path) -> None:
-        """``pip install --no-deps --target`` (no build isolation: no index needed)."""
-        res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+        """``pip install --no-deps --target``, without build isolation (no package index
+        needed) when this environment has setuptools."""
+        isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+        res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *isolation,
                               "--target", str(self.path), *map(str, packages)], capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
 
