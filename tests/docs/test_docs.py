@@ -1,6 +1,6 @@
-"""The documentation site: the generated pages are fresh, every flag the hand-written pages
-mention exists, and `mkdocs build --strict` (warnings are errors: broken links, pages
-missing from the nav) succeeds."""
+"""The documentation site: the generated pages are fresh, every flag and repository path
+the hand-written pages mention exists, and `mkdocs build --strict` (warnings are errors:
+broken links and anchors, pages missing from the nav) succeeds."""
 
 from __future__ import annotations
 
@@ -67,6 +67,24 @@ def test_every_flag_mentioned_exists():
             if flag not in known:
                 unknown.setdefault(flag, set()).add(rel.as_posix())
     assert not unknown, f"the docs mention flags that do not exist: {unknown}"
+
+
+#: Repository paths the pages mention that are not in this repository: the layout of a
+#: scaffolded package in the plugin guide.
+NOT_REPO_PATHS = {"tests/test_myalgo.py"}
+
+
+def test_every_repository_path_mentioned_exists():
+    pattern = re.compile(r"(?<![\w/.<-])((?:\.ci|examples|plugins|relax_core|benchmarks|tests|cli)/[\w./-]*[\w/])")
+    missing = {}
+    for page in sorted(DOCS.rglob("*.md")):
+        rel = page.relative_to(DOCS)
+        if rel.parts[0] in GENERATED:
+            continue
+        for path in pattern.findall(page.read_text()):
+            if path not in NOT_REPO_PATHS and not (ROOT / path).exists():
+                missing.setdefault(path, set()).add(rel.as_posix())
+    assert not missing, f"the docs name repository paths that do not exist: {missing}"
 
 
 @pytest.mark.skipif(shutil.which("mkdocs", path=str(Path(sys.executable).parent)) is None,
