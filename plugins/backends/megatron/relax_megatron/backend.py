@@ -397,7 +397,8 @@ class MegatronBackend:
             load_tokenizer(self.tokenizer_source).save_pretrained(path)
 
     def save_checkpoint(self, path: str) -> None:
-        """This rank's Megatron weights (safetensors) and optimizer state, plus the step."""
+        """This rank's Megatron weights (safetensors) and optimizer state, plus the step
+        (rank 0); every TP rank calls it with the same ``path`` (a barrier ends it)."""
         from safetensors.torch import save_file
 
         r = self.ps.get_tensor_model_parallel_rank()
@@ -408,6 +409,8 @@ class MegatronBackend:
         torch.save(self.optimizer.state_dict(), out / f"optimizer_tp{r}.pt")
         if r == 0:
             (out / "megatron_backend.json").write_text(json.dumps({"step": self.step}))
+        if dist.get_world_size() > 1:
+            dist.barrier()
 
     def load_checkpoint(self, path: str) -> None:
         """Inverse of :meth:`save_checkpoint` (same TP size)."""

@@ -111,7 +111,7 @@ def worker(rank: int, world: int, port: int, kind: str, out_path: str) -> None:
     skipped = be.train_step(batch, ToyLoss(n, nan=True))
     unchanged = max((be.engine_state_dict()[k] - before[k]).abs().max().item() for k in before)
     stepped = be.train_step(batch, ToyLoss(n))
-    ckpt = out_path + f".ckpt{rank}"
+    ckpt = out_path + ".ckpt"  # one directory for all TP ranks
     be.save_checkpoint(ckpt)
     saved = be.engine_state_dict()
     be.train_step(batch, ToyLoss(n))
