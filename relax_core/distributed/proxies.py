@@ -122,11 +122,8 @@ class RayEngine:
                 raise RuntimeError(f"rollout engine {i} failed {attempts[i]} times; last: {failure}")
             attempts[i] += 1
             self.restarts += 1
-            actor = self.actors[i]
-            self._await_restart(i)
-            if self._weights is not None:  # the current weights first
-                ray.get(actor.update_weights.remote(self._weights, self.version))
-            pending[actor.generate.remote(*args[i])] = i
+            self._revive(i)
+            pending[self.actors[i].generate.remote(*args[i])] = i
         if self.colocate:
             ray.get([a.offload.remote() for a in self.actors])
         outs = [r for r in results if r is not None]
@@ -159,6 +156,25 @@ class RayEngine:
             except (ray.exceptions.ActorDiedError, ray.exceptions.GetTimeoutError) as e:
                 raise RuntimeError(f"rollout engine {i} is gone: {type(e).__name__}: {e}") from e
 
+    def _revive(self, i: int) -> None:
+        """Wait for engine ``i`` to be back and give it the current weights.
+
+        Raises:
+            RuntimeError: it failed again :data:`MAX_GENERATE_ATTEMPTS` times, or see
+                :meth:`_await_restart`."""
+        import ray
+
+        for _ in range(MAX_GENERATE_ATTEMPTS):
+            self._await_restart(i)
+            if self._weights is None:  # a restarted engine holds the initial weights
+                return
+            try:
+                ray.get(self.actors[i].update_weights.remote(self._weights, self.version))
+                return
+            except ray.exceptions.RayActorError:
+                continue
+        raise RuntimeError(f"rollout engine {i} could not take the weights of step {self.version}")
+
     def update_weights(self, state_dict: Any, version: int) -> None:
         """Push ``state_dict`` (a name → tensor dict or an ``ObjectRef`` of one) to every
         engine; an engine that dies meanwhile gets it again after its restart."""
@@ -166,21 +182,13 @@ class RayEngine:
 
         ref = state_dict if isinstance(state_dict, ray.ObjectRef) else ray.put(state_dict)
         self._weights, self.version = ref, int(version)
-        failed = list(range(len(self.actors)))
-        for _ in range(MAX_GENERATE_ATTEMPTS):
-            calls = {self.actors[i].update_weights.remote(ref, self.version): i for i in failed}
-            failed = []
-            for call, i in calls.items():
-                try:
-                    ray.get(call)
-                except ray.exceptions.RayActorError:
-                    failed.append(i)
-            if not failed:
-                return
-            self.restarts += len(failed)
-            for i in failed:
-                self._await_restart(i)
-        raise RuntimeError(f"{len(failed)} rollout engine(s) could not take the weights of step {version}")
+        calls = [a.update_weights.remote(ref, self.version) for a in self.actors]
+        for i, call in enumerate(calls):
+            try:
+                ray.get(call)
+            except ray.exceptions.RayActorError:
+                self.restarts += 1
+                self._revive(i)
 
     def shutdown(self) -> None:
         import ray

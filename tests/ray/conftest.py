@@ -22,6 +22,9 @@ def ray_local():
     """A local Ray with 2 logical CPUs; `relax train --launcher ray` reuses it."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray = pytest.importorskip("ray")
+    if ray.is_initialized():  # started by another test of this session: keep it
+        yield ray
+        return
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     yield ray
     ray.shutdown()
