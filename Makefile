@@ -41,5 +41,9 @@ $(TRL_VENV)/bin/python:
 	python3 -m venv $(TRL_VENV)
 	$(TRL_VENV)/bin/pip install -q "torch==2.13.0" trl "transformers==5.19.0"
 
+# the documentation site (strict: warnings are errors)
+docs: $(VENV)/.installed
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -191,7 +191,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(C, "needs_routed_experts", "routes", "Needs routed experts from the engine and replay in the backend.",
                lambda ctx, c: (f"needs routed experts, but engine '{ctx.engine.name}' does not record them" if ctx.engine and not ctx.engine.caps.returns_routed_experts else
                                f"needs routing replay, but backend '{ctx.backend.name}' does not support it" if ctx.backend and not ctx.backend.caps.supports_routing_replay else None) if c.needs_routed_experts else None,
-               "choose an engine and backend that declare routed experts (hf + torch, sglang + megatron)"),
+               "choose an engine and backend that declare routed experts and replay (hf + torch)"),
     Capability(C, "compatible_policy_loss_kinds", "loss kinds", "Policy-loss kinds it is correct for.",
                lambda ctx, c: None if ctx.estimator is None or "*" in c.compatible_policy_loss_kinds or ctx.policy_loss_kind in c.compatible_policy_loss_kinds else
                f"is not valid with estimator '{ctx.estimator.name}' whose policy loss is '{ctx.policy_loss_kind}' (needs {', '.join(sorted(c.compatible_policy_loss_kinds)) or 'a declared kind'})",
