@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-DEFAULT_DATA = "rg:basic_arithmetic?size=2000&seed=42&min_terms=2&max_terms=2&min_digits=1&max_digits=1&operators=+"
+DEFAULT_DATA = "rg:chain_sum?size=2000&seed=42&min_terms=2&max_terms=2&min_digits=1&max_digits=1"
 REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 
@@ -73,7 +73,7 @@ class RunConfig:
     n_samples_per_prompt: int = opt(8, "Samples (group size) per prompt.", ge=1, group="batch")
     global_batch_size: int | None = opt(None, "Samples per optimizer step (default: rollout_batch_size × n_samples_per_prompt / num_steps_per_rollout).", ge=1, group="batch")
     num_steps_per_rollout: int = opt(1, "Optimizer steps per rollout.", ge=1, group="batch")
-    num_rollout: int = opt(40, "Number of rollouts (training steps of the loop).", ge=1, group="batch")
+    num_rollout: int = opt(30, "Number of rollouts (training steps of the loop).", ge=1, group="batch")
     micro_batch_size: int | None = opt(None, "Samples per micro-batch (gradient accumulation).", ge=1, group="batch")
     max_tokens_per_micro_batch: int | None = opt(None, "Pack micro-batches up to this many tokens.", ge=1, group="batch")
     partial_rollout: bool = opt(False, "Resume unfinished generations across steps (changes the effective batch).", group="batch")
@@ -97,7 +97,7 @@ class RunConfig:
     use_rollout_logprobs: bool = opt(False, "Use the engine's log-probs as the old policy.", group="loss")
 
     # ---- optimizer
-    lr: float = opt(1e-5, "Learning rate (AdamW).", gt=0, group="optim")
+    lr: float = opt(2e-5, "Learning rate (AdamW).", gt=0, group="optim")
     weight_decay: float = opt(0.0, "AdamW weight decay.", ge=0, group="optim")
     lr_warmup_steps: int = opt(0, "Linear warm-up steps.", ge=0, group="optim")
     clip_grad: float = opt(1.0, "Gradient norm clip (0 = off).", ge=0, group="optim")
@@ -106,10 +106,10 @@ class RunConfig:
     max_skipped_steps: int = opt(3, "Stop after this many consecutive non-finite steps.", ge=1, group="optim")
 
     # ---- rollout
-    rollout_temperature: float = opt(1.0, "Sampling temperature.", ge=0, group="rollout")
+    rollout_temperature: float = opt(0.7, "Sampling temperature.", ge=0, group="rollout")
     rollout_top_p: float = opt(1.0, "Nucleus sampling p.", gt=0, le=1, group="rollout")
     rollout_top_k: int = opt(-1, "Top-k sampling (-1 = off).", ge=-1, group="rollout")
-    rollout_max_response_len: int = opt(64, "Max new tokens per response.", ge=1, group="rollout")
+    rollout_max_response_len: int = opt(32, "Max new tokens per response.", ge=1, group="rollout")
     rollout_repetition_penalty: float = opt(1.0, "Repetition penalty (1 = off).", gt=0, group="rollout")
     rollout_stop: tuple[str, ...] = opt((), "Stop string (repeatable).", repeat=True, group="rollout")
 
