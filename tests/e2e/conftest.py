@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from relax_core.testing.fixtures import tiny_model_dir  # noqa: F401  (session fixture)
-
 E2E = Path(__file__).resolve().parent
 ROOT = E2E.parents[1]
 if str(E2E) not in sys.path:
