@@ -146,6 +146,13 @@ def _run_problems(cfg: RunConfig) -> list[Problem]:
         out.append(Problem("config", "--use-kl-loss", "--use-kl-loss with --kl-loss-coef 0 adds nothing", "set --kl-loss-coef > 0"))
     if cfg.fully_async and cfg.launcher != "ray":
         out.append(Problem("config", "--fully-async", "fully-async training needs separate rollout and training workers", "add --launcher ray"))
+    ray_only = [flag for flag, on in (("--ray-address", cfg.ray_address), ("--colocate", cfg.colocate),
+                                      ("--actor-num-nodes", cfg.actor_num_nodes > 1),
+                                      ("--actor-num-gpus-per-node", cfg.actor_num_gpus_per_node > 1),
+                                      ("--rollout-num-engines", cfg.rollout_num_engines > 1)) if on]
+    if ray_only and cfg.launcher != "ray":
+        out.append(Problem("config", "--launcher", f"{', '.join(ray_only)} only take effect with --launcher ray "
+                           "(--launcher local runs everything in one process)", "add --launcher ray, or drop them"))
     if cfg.max_staleness > 0 and not cfg.fully_async:
         out.append(Problem("config", "--max-staleness", "--max-staleness > 0 only has meaning with --fully-async", "add --fully-async or use --max-staleness 0"))
     if len(set(cfg.correction)) != len(cfg.correction):

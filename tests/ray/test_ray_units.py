@@ -71,3 +71,10 @@ def test_sync_only_estimator_is_refused_in_fully_async_mode():
 def test_fully_async_needs_the_ray_launcher():
     res = _train(["--dry-run", "--fully-async"])
     assert res.exit_code == 2 and "add --launcher ray" in res.output
+
+
+def test_ray_resource_flags_need_the_ray_launcher():
+    res = _train(["--dry-run", "--rollout-num-engines", "2", "--colocate"])
+    assert res.exit_code == 2
+    assert "--colocate, --rollout-num-engines only take effect with --launcher ray" in res.output
+    assert _train(["--dry-run", "--rollout-num-engines", "2", "--colocate", "--launcher", "ray"]).exit_code == 0
