@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from relax_core.contracts import CorrectionInput, ForwardOutput, PolicyLossInput, TrainBatch
