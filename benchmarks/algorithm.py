@@ -14,7 +14,13 @@ Three ways of doing the same work on the same tensors, alternated and repeated i
 - **loop**: the same formulas written the way the peers' public code writes them: group
   statistics with a Python loop over groups (:func:`estimators.loop_advantages`), returns
   (GAE, REINFORCE++) with a Python loop over each sample's tokens, the loss one sample at a
-  time (per-sample token slices, Python accumulation of loss, clipfrac and ppo_kl).
+  time (one tensor per sample, as a per-sample forward gives them, cut to its length; Python
+  accumulation of loss, clipfrac and ppo_kl).  Indexing the padded batch per sample instead
+  (``log_probs[i, :n]``) would make the backward quadratic in B (each index builds a full
+  ``[B, T]`` gradient): that is a trap, not a baseline, and is avoided here.
+- **grpo, lean reference**: grpo's stage as one hand-written function with the fewest
+  passes eager PyTorch allows (:func:`lean_grpo_stage`): how fast the plugin path could be
+  without fusion.
 - **floor**: the time to read every input tensor once and write the gradient once, at the
   bandwidth an elementwise ``torch.add(x, y, out=z)`` reaches on the same machine with the
   same threads (bytes of the variant's inputs + gradient, divided by the measured bandwidth;
@@ -210,9 +216,12 @@ def loop_stage(est: str, corr: tuple[str, ...], b: dict) -> tuple[torch.Tensor, 
         adv_tok = [torch.full((lengths[i],), adv[i].item()) for i in range(B)]
     lp_full = b["log_probs"]
     lp_full.grad = None
+    # one tensor per sample, as a per-sample forward would give them (unbind: its backward
+    # stacks the rows once; indexing lp_full[i] would build a full [B, T] gradient per sample)
+    lp_rows, old_rows = lp_full.unbind(0), b["old"].unbind(0)
     if est == "m2po":
-        el, eh = group_bench._m2po_band([lp_full[i, : lengths[i]] for i in range(B)],
-                                        [b["old"][i, : lengths[i]] for i in range(B)], adv_tok,
+        el, eh = group_bench._m2po_band([lp_rows[i][: lengths[i]] for i in range(B)],
+                                        [old_rows[i][: lengths[i]] for i in range(B)], adv_tok,
                                         budget=0.01, floor=0.05)
     n_tokens = sum(lengths)
     total = torch.zeros(())
@@ -221,7 +230,7 @@ def loop_stage(est: str, corr: tuple[str, ...], b: dict) -> tuple[torch.Tensor, 
         n = lengths[i]
         if n == 0:
             continue
-        lp, old, a = lp_full[i, :n], b["old"][i, :n], adv_tok[i]
+        lp, old, a = lp_rows[i][:n], old_rows[i][:n], adv_tok[i]
         log_ratio = lp - old
         if est in ("grpo", "m2po", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"):
             r = torch.exp(log_ratio)
@@ -256,6 +265,34 @@ def loop_stage(est: str, corr: tuple[str, ...], b: dict) -> tuple[torch.Tensor, 
     return total.detach(), lp_full.grad
 
 
+# --------------------------------------------------------------------------- lean reference
+
+
+def lean_grpo_stage(b: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """grpo's stage written as one function with as few passes over ``[B, T]`` as eager
+    PyTorch allows (a reference for what the plugin path could cost, not a product path):
+    the masked inputs are selected once, the mask then enters as a multiply; the metrics are
+    summed from booleans.  Same loss, gradient and metrics as :class:`RelaxStage` ('grpo')."""
+    from relax_core.numerics import group_advantages
+
+    mask, lp = b["mask"], b["log_probs"]
+    lp.grad = None
+    A = group_advantages(b["rewards"], b["group_index"], baseline="mean",
+                         std_normalization=True).advantages[:, None]  # [B, 1]
+    lo, hi = 1 - EPS, 1 + EPS_HIGH
+    log_ratio = torch.where(mask, lp - b["old"], 0.0).clamp(-20.0, 20.0)  # [B, T], 0 where masked
+    ratio = log_ratio.exp()
+    tok = torch.maximum(-A * ratio, -A * ratio.clamp(lo, hi))  # [B, T], finite everywhere
+    n = mask.sum(-1)  # [B]
+    loss = ((tok * mask).sum(-1) / n.clamp(min=1)).mean()
+    loss.backward()
+    with torch.no_grad():
+        total = n.sum().clamp(min=1)
+        clipped = (((A > 0) & (ratio > hi)) | ((A < 0) & (ratio < lo))) & mask
+        _ = float(clipped.sum() / total), float(-log_ratio.sum() / total)  # pg_clipfrac, ppo_kl
+    return loss.detach(), lp.grad
+
+
 # --------------------------------------------------------------------------- floor
 
 
@@ -288,8 +325,13 @@ def check_agreement() -> None:
         torch.testing.assert_close(lv, ll, atol=1e-5, rtol=1e-5, msg=f"{name}: loss differs")
         torch.testing.assert_close(gv, torch.where(b["mask"], gl, 0.0), atol=1e-6, rtol=1e-4,
                                    msg=f"{name}: gradient differs")
+    lv, gv = RelaxStage("grpo", ())(b)
+    gv = gv.clone()
+    ll, gl = lean_grpo_stage(b)
+    torch.testing.assert_close(lv, ll, atol=1e-6, rtol=1e-5, msg="lean grpo: loss differs")
+    torch.testing.assert_close(gv, gl, atol=1e-7, rtol=1e-5, msg="lean grpo: gradient differs")
     print(f"agreement (B=48, T=40): relax and loop give the same loss and gradient for "
-          f"{', '.join(label(*v) for v in VARIANTS)}")
+          f"{', '.join(label(*v) for v in VARIANTS)}; so does the lean grpo reference")
 
 
 def run_size(name: str, B: int, repeats: int, loop_repeats: int, loop_variants: set[str]) -> list[dict]:
@@ -322,6 +364,17 @@ def run_size(name: str, B: int, repeats: int, loop_repeats: int, loop_variants: 
         loop_col = f"{tokens / lo:>13,.0f}" if tl else f"{'-':>13}"
         ratio_col = f"{lo / r:>11.1f}x" if tl else f"{'-':>12}"
         print(f"{lab:<30}{tokens / r:>14,.0f}{loop_col}{tokens / floor:>14,.0f}{ratio_col}{r / floor:>12.1f}x")
+    tn = []
+    for _ in range(repeats):
+        tn.append(_time(lambda: lean_grpo_stage(b)))
+    lean = statistics.median(tn)
+    grpo = rows[0]
+    rows.append(dict(size=name, variant="grpo, lean reference", tokens=tokens, relax_s=lean, loop_s=grpo["loop_s"],
+                     floor_s=grpo["floor_s"], bandwidth_gbs=grpo["bandwidth_gbs"]))
+    loop_col = f"{tokens / grpo['loop_s']:>13,.0f}" if math.isfinite(grpo["loop_s"]) else f"{'-':>13}"
+    ratio_col = f"{grpo['loop_s'] / lean:>11.1f}x" if math.isfinite(grpo["loop_s"]) else f"{'-':>12}"
+    print(f"{'grpo, lean reference':<30}{tokens / lean:>14,.0f}{loop_col}{tokens / grpo['floor_s']:>14,.0f}"
+          f"{ratio_col}{lean / grpo['floor_s']:>12.1f}x")
     print(f"(floor: measured elementwise bandwidth {statistics.median(x['bandwidth_gbs'] for x in rows):.1f} GB/s; "
           f"relax/loop = speed-up over the loop, relax/floor = how many times the floor Relax takes)")
     return rows
@@ -387,7 +440,7 @@ def main() -> None:
     run_size("64k", SIZES["64k"], 5, 3, everything)
     run_size("1M", SIZES["1M"], 3, 2, everything)
     run_size("8M", SIZES["8M"], 2, 1, everything if a.loop_8m else {"grpo"})
-    group_bench.solver_scaling([1_000, 4_000, 16_000, 64_000, 256_000, 1_000_000, 4_000_000, 8_000_000])
+    group_bench.solver_scaling([1_000, 4_000, 16_000, 64_000, 256_000, 1_000_000, 4_000_000, 8_000_000], repeats=2)
     if a.compile_demo:
         compile_demo()
 

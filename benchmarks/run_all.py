@@ -22,6 +22,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -87,7 +88,7 @@ def machine() -> list[str]:
         f"- python {platform.python_version()}; {versions}",
         f"- TRL venv: {trl}; vLLM venv: {vllm}",
         f"- git commit: {_run(['git', '-C', str(ROOT), 'rev-parse', '--short', 'HEAD'])}"
-        f"{' (uncommitted changes)' if _run(['git', '-C', str(ROOT), 'status', '--porcelain', '--', 'benchmarks']) else ''}",
+        f"{' (uncommitted changes)' if _run(['git', '-C', str(ROOT), 'status', '--porcelain', '--untracked-files=no', '--', 'benchmarks']) else ''}",
         f"- command: {' '.join([Path(PY).name, *sys.argv])}",
         f"- load average at start: {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
         "(a shared machine: absolute figures move with the load; ratios are measured side by side)",
@@ -132,13 +133,23 @@ def main() -> int:
         cmd = [str(interp), str(path), *(smoke if a.smoke else full)]
         print(head + f"$ {' '.join(Path(c).name if i < 2 else c for i, c in enumerate(cmd))}", flush=True)
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(ROOT))
+        out_lines = []
+        with tempfile.TemporaryFile("w+") as err:
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=str(ROOT))
+            for line in p.stdout:  # shown as it comes, kept for the results file
+                print(line, end="", flush=True)
+                out_lines.append(line.rstrip("\n"))
+            code = p.wait()
+            err.seek(0)
+            err_tail = err.read().splitlines()[-25:]
         dt = time.perf_counter() - t0
-        text = p.stdout.rstrip()
-        if p.returncode != 0:
+        text = "\n".join(out_lines).rstrip()
+        if code != 0:
             failed.append(name)
-            text += f"\n\nFAILED (exit {p.returncode}); stderr tail:\n" + "\n".join(p.stderr.splitlines()[-25:])
-        print(text + f"\n({dt:.0f} s)", flush=True)
+            fail = f"FAILED (exit {code}); stderr tail:\n" + "\n".join(err_tail)
+            print(fail, flush=True)
+            text += "\n\n" + fail
+        print(f"({dt:.0f} s)", flush=True)
         lines += [head, f"`{' '.join(Path(c).name if i < 2 else c for i, c in enumerate(cmd))}` ({dt:.0f} s)", "",
                   "```", text, "```"]
     total = time.perf_counter() - t_all
