@@ -127,7 +127,8 @@ def loop_step(name, b):
     adv = loop_advantages(name, b["rewards"], b["group_index"])
     lp_full = b["log_probs"].clone().requires_grad_(True)
     B = len(adv)
-    lps = [lp_full[i, : b["lengths"][i]] for i in range(B)]
+    rows = lp_full.unbind(0)  # per-sample tensors: indexing lp_full[i] would make the backward quadratic in B
+    lps = [rows[i][: b["lengths"][i]] for i in range(B)]
     olds = [b["old"][i, : b["lengths"][i]] for i in range(B)]
     advs = [torch.full_like(olds[i], adv[i].item()) for i in range(B)]
     if name == "m2po":
