@@ -73,7 +73,7 @@ class RunConfig:
     n_samples_per_prompt: int = opt(8, "Samples (group size) per prompt.", ge=1, group="batch")
     global_batch_size: int | None = opt(None, "Samples per optimizer step (default: rollout_batch_size × n_samples_per_prompt / num_steps_per_rollout).", ge=1, group="batch")
     num_steps_per_rollout: int = opt(1, "Optimizer steps per rollout.", ge=1, group="batch")
-    num_rollout: int = opt(30, "Number of rollouts (training steps of the loop).", ge=1, group="batch")
+    num_rollout: int = opt(20, "Number of rollouts (training steps of the loop).", ge=1, group="batch")
     micro_batch_size: int | None = opt(None, "Samples per micro-batch (gradient accumulation).", ge=1, group="batch")
     max_tokens_per_micro_batch: int | None = opt(None, "Pack micro-batches up to this many tokens.", ge=1, group="batch")
     partial_rollout: bool = opt(False, "Resume unfinished generations across steps (changes the effective batch).", group="batch")
@@ -97,7 +97,7 @@ class RunConfig:
     use_rollout_logprobs: bool = opt(False, "Use the engine's log-probs as the old policy.", group="loss")
 
     # ---- optimizer
-    lr: float = opt(2e-5, "Learning rate (AdamW).", gt=0, group="optim")
+    lr: float = opt(3e-5, "Learning rate (AdamW).", gt=0, group="optim")
     weight_decay: float = opt(0.0, "AdamW weight decay.", ge=0, group="optim")
     lr_warmup_steps: int = opt(0, "Linear warm-up steps.", ge=0, group="optim")
     clip_grad: float = opt(1.0, "Gradient norm clip (0 = off).", ge=0, group="optim")
