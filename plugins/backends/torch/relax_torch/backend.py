@@ -331,7 +331,7 @@ class TorchBackend:
                 inputs = self._inputs(mb)
                 with self._replay(role, mb, *inputs[3:]):  # open through backward (recomputation replays too)
                     out = self._forward_mb(mb, inputs, role, entropy, top_k)
-                    loss, metrics = loss_fn(mb, out)
+                    loss, metrics = loss_fn(_to(mb, self.device), out)  # the loss sees one device
                     value = float(loss.detach())
                     sums["loss"] += value
                     for k, v in metrics.items():
@@ -461,6 +461,13 @@ def _last_column(mask: Tensor) -> Tensor:
     t = mask.shape[1]
     idx = torch.arange(1, t + 1, device=mask.device)
     return (mask.bool() * idx).amax(1) if t else torch.zeros(mask.shape[0], dtype=torch.long)
+
+
+def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
+    if batch.response_ids.device == device and all(v.device == device for v in batch.tensors.values()):
+        return batch
+    return TrainBatch(prompt_ids=batch.prompt_ids, response_ids=batch.response_ids.to(device),
+                      loss_mask=batch.loss_mask.to(device), tensors={k: v.to(device) for k, v in batch.tensors.items()})
 
 
 def _slice(batch: TrainBatch, lo: int, hi: int) -> TrainBatch:
