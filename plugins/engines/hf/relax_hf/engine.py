@@ -27,6 +27,7 @@ An EOS as the first token gives a one-token response whose text is empty.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -217,13 +218,12 @@ class HFEngine:
         truncated = torch.zeros(b, dtype=torch.bool)
         active = torch.arange(b, device=dev)  # original rows still running
 
-        recorder = None
-        if s.return_routed_experts:
-            from relax_core.routing import record_routes
+        with contextlib.ExitStack() as stack:
+            recorder = None
+            if s.return_routed_experts:
+                from relax_core.routing import record_routes
 
-            recorder_ctx = record_routes(self.model)
-            recorder = recorder_ctx.__enter__()
-        try:
+                recorder = stack.enter_context(record_routes(self.model))
             out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos,
                              use_cache=True, logits_to_keep=1)
             cache = out.past_key_values
@@ -273,9 +273,6 @@ class HFEngine:
                 logits = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
                                     past_key_values=cache, use_cache=True, logits_to_keep=1).logits
                 next_pos = next_pos + 1
-        finally:
-            if recorder is not None:
-                recorder_ctx.__exit__(None, None, None)
         # clean padding past each length (the contract allows garbage; zeros read better)
         valid = torch.arange(t_new)[None, :] < lengths[:, None]  # [b, T]
         ids = torch.where(valid.to(dev), ids, self.pad_token_id).cpu()
