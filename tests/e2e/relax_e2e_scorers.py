@@ -10,6 +10,6 @@ def vowel_fraction(response: str, label, metadata) -> float:
 
 
 def brevity(response: str, label, metadata) -> float:
-    """1 for an empty response, falling linearly to 0 at 120 characters: a dense signal the
+    """1 for an empty response, falling linearly to 0 at 60 characters: a dense signal the
     default model can follow within a few steps (it can end its answer sooner)."""
-    return max(0.0, 1.0 - len(response) / 120.0)
+    return max(0.0, 1.0 - len(response) / 60.0)
