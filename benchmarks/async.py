@@ -4,7 +4,8 @@ The same run (a random tiny Qwen3 from :func:`relax_core.models.make_tiny_model`
 ``--rollout-batch-size 4 × --n-samples-per-prompt 8``, 32 new tokens, ``--num-rollout N``)
 is launched as ``relax train`` subprocesses, one after the other:
 
-- **local**: ``--launcher local`` (everything in one process);
+- **local**: ``--launcher local`` (everything in one process; torch's default threads),
+  and **local-1thr** the same with ``OMP_NUM_THREADS=1`` (as each Ray actor of 1 CPU runs);
 - **ray sync**: ``--launcher ray``: one engine actor, one training rank (1 CPU each), rollout
   then training then weights to the engine;
 - **ray async**: the same plus ``--fully-async --max-staleness 1``: the rollout of step k+1
@@ -16,8 +17,9 @@ time over steps 2..N, the whole process's wall time, and ``ray_startup_s`` (from
 ``ray.init`` to every actor built, in ``run_info.json``).  Ray's start-up overhead is also
 measured alone: ``ray.init`` + ``ray.shutdown`` of an empty local cluster.
 
-One run per configuration, on a 2-core machine that other jobs share: the ratios are
-indicative (a few tens of percent), not precise.  With 2 cores, the async overlap can at
+The local runs once, then ``--repeats`` alternated ray-sync / ray-async pairs (medians
+reported), on a 2-core machine that other jobs share (its load average is printed): the
+ratios are indicative (a few tens of percent), not precise.  With 2 cores, the async overlap can at
 best hide the shorter of rollout and training behind the longer.
 
 Run:  .venv/bin/python benchmarks/async.py [--steps 8] [--out benchmarks/results/async.txt]
@@ -53,14 +55,15 @@ def write_inputs(tmp: Path) -> tuple[Path, Path]:
     return model, data
 
 
-def run(tmp: Path, model: Path, data: Path, name: str, steps: int, *extra: str) -> dict:
+def run(tmp: Path, model: Path, data: Path, name: str, steps: int, *extra: str, env: dict | None = None) -> dict:
     out = tmp / "runs"
     args = [str(ROOT / ".venv" / "bin" / "relax"), "train", "--model", str(model), "--data", str(data),
             "--output-dir", str(out), "--run-name", name, "--custom-rm-path", f"{SCORER}:score",
             "--rollout-batch-size", "4", "--n-samples-per-prompt", "8", "--rollout-max-response-len", "32",
             "--num-rollout", str(steps), "--quiet", "--lr", "1e-3", "--seed", "1", "--reward-num-workers", "1",
             "--no-save-hf", *extra]
-    env = {**os.environ, "PYTHONPATH": f"{tmp}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "PYTHONPATH": f"{tmp}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "RAY_AUTH_MODE": "disabled",
+           **(env or {})}
     t0 = time.monotonic()
     proc = subprocess.run(args, env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
@@ -91,27 +94,37 @@ def ray_init_overhead(repeats: int = 2) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=2, help="alternated sync/async pairs (the median is reported)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "async.txt"))
     a = ap.parse_args()
+    load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         model, data = write_inputs(tmp)
         rows = [run(tmp, model, data, "local", a.steps),
-                run(tmp, model, data, "ray-sync", a.steps, "--launcher", "ray"),
-                run(tmp, model, data, "ray-async", a.steps, "--launcher", "ray", "--fully-async", "--max-staleness", "1")]
+                run(tmp, model, data, "local-1thr", a.steps, env={"OMP_NUM_THREADS": "1"})]
+        for i in range(a.repeats):
+            rows.append(run(tmp, model, data, f"ray-sync-{i}", a.steps, "--launcher", "ray"))
+            rows.append(run(tmp, model, data, f"ray-async-{i}", a.steps, "--launcher", "ray", "--fully-async",
+                            "--max-staleness", "1"))
     init_s = ray_init_overhead()
-    by = {r["name"]: r for r in rows}
+    by = {"local": rows[0]}
+    for name in ("ray-sync", "ray-async"):
+        reps = [r for r in rows if r["name"].startswith(name)]
+        by[name] = {k: statistics.median(r[k] for r in reps) for k in ("step_s", "tokens_per_s", "wall_s", "ray_startup_s")}
     lines = [f"# benchmarks/async.py  ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
              f"tiny Qwen3, grpo, 4 prompts x 8 samples, 32 new tokens, {a.steps} steps; steady state = steps 2..{a.steps})",
+             f"# machine load average (1 min) {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end (shared machine)",
              "",
-             f"{'run':<10} {'step s':>8} {'tok/s':>8} {'rollout s':>10} {'train s':>8} {'idle s':>7} "
+             f"{'run':<12} {'step s':>8} {'tok/s':>8} {'rollout s':>10} {'train s':>8} {'idle s':>7} "
              f"{'stale max':>9} {'wall s':>7} {'ray start s':>11}"]
     for r in rows:
-        lines.append(f"{r['name']:<10} {r['step_s']:>8.2f} {r['tokens_per_s']:>8.1f} {r['rollout_s']:>10.2f} "
+        lines.append(f"{r['name']:<12} {r['step_s']:>8.2f} {r['tokens_per_s']:>8.1f} {r['rollout_s']:>10.2f} "
                      f"{r['train_s']:>8.2f} {r['trainer_idle_s']:>7.2f} {r['staleness_max']:>9.0f} {r['wall_s']:>7.1f} "
                      f"{(r['ray_startup_s'] or 0.0):>11.1f}")
     sync, asy, local = by["ray-sync"], by["ray-async"], by["local"]
     lines += ["",
+              f"medians over {a.repeats} alternated sync/async pairs:",
               f"fully-async / sync (ray): step time x{asy['step_s'] / sync['step_s']:.2f}, "
               f"tokens/s x{asy['tokens_per_s'] / sync['tokens_per_s']:.2f}",
               f"ray sync / local: step time x{sync['step_s'] / local['step_s']:.2f}",
