@@ -45,6 +45,9 @@ peak RSS of the trainer process (``VmHWM``; Relax's reward workers are separate
 processes, their RSS is reported apart), and the load time (process start to the first step,
 model and tokenizer loading included; the two sides load one after the other).
 
+Batch per model (``BATCH``): tiny Qwen3 2 prompts × 8 samples × ≤ 64 new tokens; SmolLM2
+2 × 4 × ≤ 48 (kept small so that the suite stays under 20 minutes on the shared machine).
+
 Run:  .venv/bin/python benchmarks/e2e_trl.py [--models tiny,smollm2] [--steps 3] [--smoke]
 The TRL venv:  python3 -m venv benchmarks/.envs/trl &&
                benchmarks/.envs/trl/bin/pip install torch==2.13.0 trl transformers==5.19.0
@@ -258,7 +261,14 @@ def model_dir(kind: str, work: Path) -> str:
     return str(make_tiny_model(work / "tiny-qwen3", seed=0))
 
 
+#: (prompts, samples per prompt, max new tokens) per model; --prompts/--group/--max-new override.
+BATCH = {"tiny": (2, 8, 64), "smollm2": (2, 4, 48)}
+
+
 def compare(kind: str, a: argparse.Namespace, work: Path) -> dict:
+    a = argparse.Namespace(**vars(a))
+    p, g, n = BATCH[kind]
+    a.prompts, a.group, a.max_new = a.prompts or p, a.group or g, a.max_new or n
     mdir = model_dir(kind, work)
     data = work / "prompts.jsonl"
     write_prompts(data)
@@ -292,7 +302,7 @@ def compare(kind: str, a: argparse.Namespace, work: Path) -> dict:
     finally:
         for s in sides.values():
             s.close()
-    summary = {"model": kind, "load_s": load}
+    summary = {"model": kind, "load_s": load, "batch": [a.prompts, a.group, a.max_new]}
     for name, rows in results.items():
         counted = rows[a.warmup:]
         summary[name] = {
@@ -324,8 +334,10 @@ def report(summaries: list[dict], a: argparse.Namespace) -> str:
                      f"{tx['cpu_s_per_step'] / rx['cpu_s_per_step']:>6.2f}x"
                      f"{rx['gen_tok_s'] / tx['gen_tok_s']:>10.2f}x{rx['trained_tok_s'] / tx['trained_tok_s']:>14.2f}x"
                      f"   (>1 means Relax is faster: TRL/Relax for s and CPU s, Relax/TRL for tokens/s)")
-    lines.append(f"batch: {a.prompts} prompts × {a.group} samples, max {a.max_new} new tokens; "
-                 f"{a.warmup} warm-up + {a.steps} counted steps per side, alternated; {a.threads} torch threads")
+    for s in summaries:
+        p, g, n = s["batch"]
+        lines.append(f"{s['model']}: {p} prompts × {g} samples, max {n} new tokens")
+    lines.append(f"{a.warmup} warm-up + {a.steps} counted steps per side, alternated; {a.threads} torch threads")
     return "\n".join(lines)
 
 
@@ -334,9 +346,9 @@ def main() -> None:
     ap.add_argument("--models", default="tiny,smollm2", help="comma list of tiny, smollm2")
     ap.add_argument("--steps", type=int, default=3, help="counted steps per side (after the warm-up)")
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--prompts", type=int, default=2)
-    ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per step (default: per model, see BATCH)")
+    ap.add_argument("--group", type=int, default=None, help="samples per prompt (default: per model)")
+    ap.add_argument("--max-new", type=int, default=None, help="max new tokens (default: per model)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--smoke", action="store_true", help="tiny model, 1 prompt × 2 samples × 8 tokens, 1 step")
     ap.add_argument("--json", default=None, help="also write the summaries to this file")
