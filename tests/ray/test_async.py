@@ -4,7 +4,7 @@ model): bounded staleness holds, and `--max-staleness 0` reproduces the synchron
 from __future__ import annotations
 
 import pytest
-from conftest import ray_args, run_train, trained
+from relax_ray_helpers import ray_args, run_train, trained
 
 from relax_core.metrics import read_metrics
 

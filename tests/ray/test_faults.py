@@ -9,7 +9,7 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import ray_args, run_train, trained
+from relax_ray_helpers import ray_args, run_train, trained
 
 import relax_core.distributed.runtime as runtime_mod
 from relax_core.data import DataCursor
