@@ -108,7 +108,7 @@ def main() -> None:
             rows.append(run(tmp, model, data, f"ray-async-{i}", a.steps, "--launcher", "ray", "--fully-async",
                             "--max-staleness", "1"))
     init_s = ray_init_overhead()
-    by = {"local": rows[0]}
+    by = {"local": rows[0], "local-1thr": rows[1]}
     for name in ("ray-sync", "ray-async"):
         reps = [r for r in rows if r["name"].startswith(name)]
         by[name] = {k: statistics.median(r[k] for r in reps) for k in ("step_s", "tokens_per_s", "wall_s", "ray_startup_s")}
@@ -127,7 +127,8 @@ def main() -> None:
               f"medians over {a.repeats} alternated sync/async pairs:",
               f"fully-async / sync (ray): step time x{asy['step_s'] / sync['step_s']:.2f}, "
               f"tokens/s x{asy['tokens_per_s'] / sync['tokens_per_s']:.2f}",
-              f"ray sync / local: step time x{sync['step_s'] / local['step_s']:.2f}",
+              f"ray sync / local: step time x{sync['step_s'] / local['step_s']:.2f} "
+              f"(/ local-1thr: x{sync['step_s'] / by['local-1thr']['step_s']:.2f})",
               f"Ray start-up: ray.init + shutdown of an empty local cluster {init_s:.1f} s; "
               f"ray.init to all actors built {sync['ray_startup_s']:.1f} s (sync run); "
               f"whole-process wall time ray sync - local = {sync['wall_s'] - local['wall_s']:+.1f} s"]
