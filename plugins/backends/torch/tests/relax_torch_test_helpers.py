@@ -10,6 +10,7 @@ from relax_torch.plugin import TorchBackendParams
 
 def make_backend(model_dir, dtype="float64", **cfg):
     cfg.setdefault("lr", 1e-3)
+    cfg.setdefault("rollout_temperature", 1.0)  # independent of the run default
     return TorchBackend(TorchBackendParams(dtype=dtype, logits_chunk_size=7), RunConfig(model=str(model_dir), **cfg))
 
 
