@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=2, help="prompts per step at 1×")
     ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--smoke", action="store_true", help="1 prompt × 2 samples × 8 tokens at 1× and 2×, 1 step, no Ray")
     ap.add_argument("--no-ray", action="store_true", help="skip the data-parallel part")
