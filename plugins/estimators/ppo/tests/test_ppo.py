@@ -220,7 +220,9 @@ def test_params_flags_and_critic_settings():
     d = _build("--lr", "3e-6")
     assert (d.gamma, d.lambd, d.value_clip, d.critic_settings.lr, d.critic_settings.load,
             d.critic_settings.num_critic_only_steps) == (1.0, 1.0, 0.2, 3e-6, None, 0)
-    assert SPEC.build(None, None).critic_settings.lr == 1e-5  # defaults when built bare
+    from relax_core.config import RunConfig
+
+    assert SPEC.build(None, None).critic_settings.lr == RunConfig().lr  # defaults when built bare
 
 
 def test_capabilities_declared():

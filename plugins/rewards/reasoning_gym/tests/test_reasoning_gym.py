@@ -36,9 +36,19 @@ def test_parse_spec_errors(spec, match):
         parse_spec(spec, default_seed=0)
 
 
+ARITH = "basic_arithmetic?size=2000&seed=42&min_terms=2&max_terms=2&min_digits=1&max_digits=1&operators=+"
+
+
 def test_default_data_of_the_core():
     assert DEFAULT_DATA.startswith("rg:")
+    name = DEFAULT_DATA[len("rg:"):].split("?")[0]
     rows = load_rows(DEFAULT_DATA[len("rg:"):], _Cfg())
+    assert len(rows) == 2000
+    assert all(r["metadata"]["scorer"] == "reasoning_gym" and r["metadata"]["rg_dataset"] == name for r in rows[:50])
+
+
+def test_basic_arithmetic_config_keys_in_the_query():
+    rows = load_rows(ARITH, _Cfg())
     assert len(rows) == 2000
     for row in rows[:200]:
         entry = row["metadata"]["rg_entry"]
