@@ -61,26 +61,7 @@ def test_contract():
     testing.check_contract(relax_register_corrections()[0])
 
 
-def _train(tmp_path, *args, moe=False):
-    """A 2-step run of the real loop (hf engine, torch backend) on a tiny random model."""
-    import json
-
-    from typer.testing import CliRunner
-
-    from cli.main import app
-    from relax_core.models import make_tiny_model
-
-    model = make_tiny_model(tmp_path / "model", moe=moe)
-    res = CliRunner().invoke(app, [
-        "train", "--model", str(model), "--num-rollout", "2", "--rollout-batch-size", "2",
-        "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6", "--output-dir", str(tmp_path / "runs"),
-        "--run-name", "r", "--quiet", "--wandb-mode", "disabled", "--no-save-hf",
-        "--save-debug-rollout-data", str(tmp_path / "rollouts"), *args])
-    assert res.exit_code == 0, res.output
-    lines = (tmp_path / "runs" / "r" / "metrics.jsonl").read_text().splitlines()
-    steps = [m for m in map(json.loads, lines) if "train/loss" in m]
-    assert len(steps) == 2
-    return steps
+from relax_core.testing.training import train_tiny as _train  # noqa: E402  (2-step run of the real loop)
 
 
 @pytest.mark.slow
