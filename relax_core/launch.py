@@ -38,13 +38,15 @@ def find_run_dir(cfg: Any) -> Path:
 
 
 def make_score(scorer: Any, cfg: Any) -> Any:
-    """``score(responses, labels, metadata) -> (rewards, metrics)`` over the run's scorer,
-    run in a worker pool with timeouts (:func:`relax_core.rewarding.score_batch`)."""
+    """``score(responses, labels, metadata, prompts) -> (rewards, metrics)`` over the run's
+    scorer, run in a worker pool with timeouts (:func:`relax_core.rewarding.score_batch`; the
+    prompts reach the scorers as ``metadata["prompt"]``)."""
     from relax_core import rewarding
 
-    def score(responses: list[str], labels: list[Any], metadata: list[dict]) -> tuple[list[Any], dict[str, float]]:
+    def score(responses: list[str], labels: list[Any], metadata: list[dict],
+              prompts: list[str]) -> tuple[list[Any], dict[str, float]]:
         rewards, stats = rewarding.score_batch(scorer, responses, labels, metadata, timeout=cfg.reward_timeout,
-                                               num_workers=cfg.reward_num_workers)
+                                               num_workers=cfg.reward_num_workers, prompts=prompts)
         return rewards, {f"rollout/{k}": float(v) for k, v in stats.items()}
 
     return score

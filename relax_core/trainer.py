@@ -52,8 +52,9 @@ class Components:
     estimator: Any
     corrections: list[Any]
     processors: list[Any]
-    score: Callable[[list[str], list[Any], list[dict]], tuple[list[float | None], dict[str, float]]]
-    """``score(responses, labels, metadata) -> (one reward or None per sample, metrics)``."""
+    score: Callable[[list[str], list[Any], list[dict], list[str]], tuple[list[float | None], dict[str, float]]]
+    """``score(responses, labels, metadata, prompts) -> (one reward or None per sample, metrics)``;
+    the four lists have one entry per sample (``prompts``: the prompt texts as the engine saw them)."""
     needs_critic: bool = False
     processor_resamples: bool = False
     top_k: int = 0
@@ -257,7 +258,7 @@ class Trainer:
 
     def score(self, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
         """Raw rewards from the scorer (NaN = unscored) and its error counts."""
-        rewards, metrics = self.c.score(batch.responses, batch.labels, batch.metadata)
+        rewards, metrics = self.c.score(batch.responses, batch.labels, batch.metadata, batch.prompts)
         return batch.replace(rewards=torch.tensor([math.nan if r is None else float(r) for r in rewards])), metrics
 
     # ------------------------------------------------------------------ 2. reward post-processing

@@ -156,7 +156,8 @@ class FakeBackend:
         save_file({k: v.contiguous() for k, v in self.model.state_dict().items()}, f"{path}/model.safetensors")
 
 
-def count_sevens(responses: list[str], labels: list[Any], metadata: list[dict]) -> tuple[list[float | None], dict]:
+def count_sevens(responses: list[str], labels: list[Any], metadata: list[dict],
+                 prompts: list[str]) -> tuple[list[float | None], dict]:
     out: list[float | None] = []
     for r in responses:
         toks = r.split()

@@ -13,3 +13,8 @@ def brevity(response: str, label, metadata) -> float:
     """1 for an empty response, falling linearly to 0 at 60 characters: a dense signal the
     default model can follow within a few steps (it can end its answer sooner)."""
     return max(0.0, 1.0 - len(response) / 60.0)
+
+
+def prompt_length(response: str, label, metadata) -> float:
+    """Length of the prompt text the scorer was given (``metadata["prompt"]``), -1 without one."""
+    return float(len(metadata["prompt"])) if "prompt" in metadata else -1.0

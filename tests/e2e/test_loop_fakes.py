@@ -219,3 +219,34 @@ def test_a_step_whose_samples_are_all_filtered_out_trains_nothing(tmp_path):
     assert rec["train/empty_batch"] == 1.0 and rec["rollout/num_samples"] == 0.0
     assert rec["rollout/response_len/mean"] > 0  # lengths describe what was generated
     torch.testing.assert_close(f.model.w, before)
+
+
+def test_scorer_receives_each_samples_prompt(tmp_path):
+    """The loop hands the scorer one prompt per sample, aligned with the responses (the
+    ``remote`` scorer sends it to the reward server)."""
+    seen = []
+
+    def recording(responses, labels, metadata, prompts):
+        seen.append((list(prompts), list(labels)))
+        return count_sevens(responses, labels, metadata, prompts)
+
+    tr, _ = make_trainer(tmp_path, num_rollout=1)
+    tr.c.score = recording
+    assert tr.run() == EXIT_OK
+    (prompts, labels), = seen
+    assert len(prompts) == len(labels) == 8
+    # the data rows are {"prompt": "q<i>" * (i+1), "label": i}: each prompt text holds its own row's prompt
+    for p, i in zip(prompts, labels):
+        assert f"q{i}" * (i + 1) in p
+        assert p.count(f"q{i}") == i + 1
+
+
+def test_make_score_gives_the_prompt_to_scorers_as_metadata(tmp_path):
+    from relax_e2e_scorers import prompt_length
+
+    from relax_core.launch import make_score
+
+    cfg = RunConfig(reward_timeout=30, reward_num_workers=1)
+    rewards, metrics = make_score(prompt_length, cfg)(["a", "b"], [None, None], [{}, None], ["four", "sixsix"])
+    assert rewards == [4.0, 6.0]
+    assert metrics == {"rollout/reward_errors": 0.0, "rollout/reward_timeouts": 0.0}
