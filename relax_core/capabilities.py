@@ -58,10 +58,6 @@ class Capability:
     matrix: bool = True  # shown as a column of the matrix
 
 
-def _dp(cfg: Any) -> int:
-    return cfg.actor_num_nodes * cfg.actor_num_gpus_per_node if cfg.launcher == "ray" else 1
-
-
 def _sync_reasons(cfg: Any) -> list[str]:
     r = []
     if cfg.fully_async:
@@ -231,9 +227,9 @@ CAPABILITIES: tuple[Capability, ...] = (
                "remove --rollout-stop"),
     # ---------------------------------------------------------------- backends
     Capability(B, "devices", "devices", "Devices it trains on.", _dev, "choose another --device or backend"),
-    Capability(B, "supports_data_parallel", "DP", "Data parallel over several training workers.",
-               lambda ctx, c: f"cannot train data-parallel over {_dp(ctx.cfg)} workers" if _dp(ctx.cfg) > 1 and not c.supports_data_parallel else None,
-               "use one training worker"),
+    Capability(B, "supports_data_parallel", "DP", "Data parallel over several model replicas (training workers / (TP × CP × PP)).",
+               lambda ctx, c: f"cannot train data-parallel over {ctx.cfg.data_parallel_size} replicas ({ctx.cfg.training_workers} training workers / model-parallel size {ctx.cfg.model_parallel_size})" if ctx.cfg.data_parallel_size > 1 and not c.supports_data_parallel else None,
+               "use one replica: --actor-num-nodes × --actor-num-gpus-per-node = --tensor-parallel-size × --context-parallel-size × --pipeline-parallel-size"),
     Capability(B, "supports_tensor_parallel", "TP", "Tensor parallelism.",
                lambda ctx, c: f"does not support tensor parallelism, but --tensor-parallel-size is {ctx.cfg.tensor_parallel_size}" if ctx.cfg.tensor_parallel_size > 1 and not c.supports_tensor_parallel else None,
                "use --tensor-parallel-size 1, or a --train-backend whose TP column says yes (`relax capabilities`)"),

@@ -176,6 +176,23 @@ class RunConfig:
     def needs_reference_model(self) -> bool:
         return self.use_kl_loss or self.kl_coef != 0
 
+    @property
+    def training_workers(self) -> int:
+        """Training processes: ``--actor-num-nodes × --actor-num-gpus-per-node`` with
+        ``--launcher ray``, else 1."""
+        return self.actor_num_nodes * self.actor_num_gpus_per_node if self.launcher == "ray" else 1
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Ranks holding one model replica: tensor × context × pipeline parallel size."""
+        return self.tensor_parallel_size * self.context_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Model replicas, each training on its own share of the batch: training workers /
+        model-parallel size (floor; validation refuses a worker count that is not a multiple)."""
+        return max(1, self.training_workers // self.model_parallel_size)
+
     def params_for(self, component: str) -> Any:
         return self.plugin_params.get(component)
 

@@ -75,7 +75,24 @@ class _Accumulator:
         return {f"{prefix}{k}": v for k, v in self.sums.items()}
 
 
-class ActorLoss:
+class _LossMetrics:
+    """The metric sums of a loss over one global batch (``self._acc``)."""
+
+    _acc: _Accumulator
+
+    def metrics(self) -> dict[str, float]:
+        """Global-batch metrics of the step (``train/`` prefix)."""
+        return self._acc.result("train/")
+
+    def add_metrics(self, contributions: dict[str, float]) -> None:
+        """Add contributions to the same global-batch metrics computed elsewhere: another
+        data-parallel rank's :meth:`metrics` of the same step (``train/`` names), so that
+        :meth:`metrics` of a driver-side loss gives the whole batch's values."""
+        for name, value in contributions.items():
+            self._acc.add(name.removeprefix("train/"), value)
+
+
+class ActorLoss(_LossMetrics):
     """``loss_fn(micro_batch, forward_output) -> (loss, metrics)`` for the actor's
     ``train_step`` over one global batch.
 
@@ -164,12 +181,8 @@ class ActorLoss:
             acc.add(name, (x.detach().float() if isinstance(x, Tensor) else float(x)) * share)
         return loss, {"loss": float(loss.detach())}
 
-    def metrics(self) -> dict[str, float]:
-        """Global-batch metrics of the step (``train/`` prefix)."""
-        return self._acc.result("train/")
 
-
-class CriticLoss:
+class CriticLoss(_LossMetrics):
     """``loss_fn`` for the critic's ``train_step``: the estimator's ``value_loss`` reduced
     with the run's reduction and global denominators (PPO value clipping lives in the
     estimator).  Micro-batch tensors: ``values`` (old, ``[b, T]``), ``returns``."""
@@ -196,6 +209,3 @@ class CriticLoss:
         for name, x in vo.token_metrics.items():
             self._acc.add(name, token_metric_mean(x, mask, num_tokens=self.num_tokens))
         return loss, {"value_loss": float(loss.detach())}
-
-    def metrics(self) -> dict[str, float]:
-        return self._acc.result("train/")

@@ -74,13 +74,14 @@ def _select(reg: Registry, kind: str, name: str, cfg: RunConfig, problems: list[
 
 
 def _batch_problems(cfg: RunConfig) -> list[Problem]:
-    """Batch-shape arithmetic: a rollout splits into whole optimizer steps, a step into
-    equal data-parallel shares, a share into whole micro-batches."""
+    """Batch-shape arithmetic: the training workers split into whole model replicas
+    (tensor × context × pipeline parallel ranks), a rollout into whole optimizer steps, a
+    step into equal data-parallel shares (one per replica), a share into whole micro-batches."""
     out = []
     n = cfg.rollout_batch_size * cfg.n_samples_per_prompt
     steps = cfg.num_steps_per_rollout
     gbs = cfg.effective_global_batch_size
-    dp = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node if cfg.launcher == "ray" else 1
+    workers, mp, dp = cfg.training_workers, cfg.model_parallel_size, cfg.data_parallel_size
 
     def add(msg: str, fix: str) -> None:
         out.append(Problem("config", "batch shape", msg, fix))
@@ -94,13 +95,27 @@ def _batch_problems(cfg: RunConfig) -> list[Problem]:
             f"(rollout_batch_size × n_samples_per_prompt = {cfg.rollout_batch_size}×{cfg.n_samples_per_prompt})",
             f"omit --global-batch-size (it is derived: {n // steps}) or set --num-steps-per-rollout "
             f"{n // gbs if gbs and n % gbs == 0 else 'to samples per rollout / global batch size'}")
-    if gbs % dp:
-        add(f"--global-batch-size {gbs} is not divisible by the {dp} data-parallel training workers",
-            "choose a global batch size divisible by --actor-num-nodes × --actor-num-gpus-per-node")
+    sizes = (f"--tensor-parallel-size × --context-parallel-size × --pipeline-parallel-size = "
+             f"{cfg.tensor_parallel_size}×{cfg.context_parallel_size}×{cfg.pipeline_parallel_size}")
+    replicas = (f"{dp} data-parallel training workers" if mp == 1 else
+                f"{dp} data-parallel replicas ({workers} training workers / model-parallel size {mp})")
+    if cfg.launcher == "local" and mp > 1:
+        add(f"model-parallel size {mp} ({sizes}) needs {mp} training processes, but --launcher local starts one",
+            f"use --launcher ray --actor-num-gpus-per-node {mp} (one training worker per model-parallel rank), "
+            "or set the parallel sizes to 1")
+    elif workers % mp:
+        add(f"{workers} training workers (--actor-num-nodes {cfg.actor_num_nodes} × --actor-num-gpus-per-node "
+            f"{cfg.actor_num_gpus_per_node}) are not a multiple of the model-parallel size {mp} ({sizes})",
+            f"make --actor-num-nodes × --actor-num-gpus-per-node a multiple of {mp} "
+            f"(e.g. --actor-num-gpus-per-node {mp}), or lower the parallel sizes")
+    elif gbs % dp:
+        add(f"--global-batch-size {gbs} is not divisible by the {replicas}",
+            "choose a global batch size divisible by (--actor-num-nodes × --actor-num-gpus-per-node) / "
+            "(--tensor-parallel-size × --context-parallel-size × --pipeline-parallel-size)")
     elif cfg.micro_batch_size is not None and (gbs // dp) % cfg.micro_batch_size:
         add(f"each training worker's share of the global batch ({gbs} / {dp} = {gbs // dp} samples) is not "
             f"divisible by --micro-batch-size {cfg.micro_batch_size}",
-            "choose a micro-batch size that divides global_batch_size / data-parallel workers")
+            "choose a micro-batch size that divides global_batch_size / data-parallel replicas")
     if cfg.max_tokens_per_micro_batch is not None and cfg.max_tokens_per_micro_batch < cfg.rollout_max_response_len:
         add(f"--max-tokens-per-micro-batch {cfg.max_tokens_per_micro_batch} cannot hold one full-length response "
             f"(--rollout-max-response-len {cfg.rollout_max_response_len}, plus its prompt)",

@@ -200,27 +200,51 @@ class RayEngine:
                 pass
 
 
-class RayBackend:
-    """A :class:`~relax_core.contracts.TrainBackend` over the data-parallel ranks.
+def data_parallel_layout(layout: list[tuple[int, int]]) -> tuple[int, list[int]]:
+    """Check the ``(dp_rank, dp_size)`` reported by each training rank (in rank order) and
+    return ``(dp_size, dp_rank per rank)``.
 
-    Every call shards the batch into ``world_size / model_parallel`` consecutive,
-    as-equal-as-possible pieces, one per data-parallel replica (``--global-batch-size`` is
-    validated divisible).  ``model_parallel`` = tensor × pipeline × context parallel size:
-    consecutive ranks form one model replica (rank ``r`` is replica ``r // model_parallel``,
-    Megatron's order), get the same shard, and only the replica's first rank reports.  ``train_step``
-    sends each rank its shard and the loss's recipe (settings and the *global*
-    denominators); the ranks' gradients are summed by the backend's all-reduce, so the
-    step equals one process on the whole batch.  The loss metrics of the ranks are
-    contributions to global-batch values and are summed back into the driver's loss
-    object, whose ``metrics()`` the trainer reads.
+    Raises:
+        ValueError: no ranks, ranks that disagree on ``dp_size``, or replicas that are
+            missing, out of range or of unequal size (a model replica = the ranks sharing a
+            ``dp_rank``)."""
+    sizes = {n for _, n in layout}
+    ranks = [d for d, _ in layout]
+    if (len(sizes) != 1 or (n := sizes.pop()) < 1 or len(layout) % n
+            or any(ranks.count(d) != len(layout) // n for d in range(n))):
+        raise ValueError(f"the training ranks report an inconsistent data-parallel layout; (dp_rank, dp_size) "
+                         f"per rank: {layout}")
+    return n, ranks
+
+
+class RayBackend:
+    """A :class:`~relax_core.contracts.TrainBackend` over the training ranks.
+
+    Each rank reports its data-parallel replica (:meth:`TrainWorker.data_parallel
+    <relax_core.distributed.workers.TrainWorker.data_parallel>`: ``dp_rank`` of
+    ``dp_size``; the ranks of one model replica, e.g. its tensor-parallel ranks, share a
+    ``dp_rank``).  Every call shards the batch into ``dp_size`` consecutive,
+    as-equal-as-possible pieces (``--global-batch-size`` is validated divisible), sends
+    piece ``d`` to every rank of replica ``d``, and reads the results of each replica's
+    first rank only (the others compute the same values).  ``train_step`` sends the
+    loss's recipe (settings and the *global* denominators); the backends' gradient
+    all-reduce over the replicas sums the shards' gradients, so the step equals one
+    process on the whole batch.  The loss metrics of the replicas are contributions to
+    global-batch values and are added back into the driver's loss object
+    (``add_metrics``), whose ``metrics()`` the trainer reads.
+
+    Raises:
+        ValueError: the ranks report an inconsistent layout (replicas of unequal size,
+            missing or out-of-range ``dp_rank``).
     """
 
-    def __init__(self, workers: list[Any], *, model_parallel: int = 1):
-        if len(workers) % model_parallel:
-            raise ValueError(f"{len(workers)} training ranks are not a multiple of the model-parallel size {model_parallel}")
+    def __init__(self, workers: list[Any]):
+        import ray
+
         self.workers = workers
         self.world_size = len(workers)
-        self.model_parallel = model_parallel
+        self.dp_size, self.dp_ranks = data_parallel_layout(ray.get([w.data_parallel.remote() for w in workers]))
+        self.first = [self.dp_ranks.index(d) for d in range(self.dp_size)]  # reporting rank of each replica
         self.died = False
 
     def _all(self, calls: list[Any]) -> list[Any]:
@@ -245,16 +269,15 @@ class RayBackend:
         return out
 
     def _shards(self, batch: Any) -> list[dict]:
-        """One shard per rank (the ranks of a model replica share theirs)."""
+        """One shard per rank (the ranks of a replica share theirs)."""
         from relax_core.trainer import _slice
 
-        mp = self.model_parallel
-        per_replica = [batch_to_dict(_slice(batch, lo, hi)) for lo, hi in split_even(batch.size, self.world_size // mp)]
-        return [per_replica[r // mp] for r in range(self.world_size)]
+        pieces = [batch_to_dict(_slice(batch, lo, hi)) for lo, hi in split_even(batch.size, self.dp_size)]
+        return [pieces[d] for d in self.dp_ranks]
 
     def _reporting(self, outs: list[Any]) -> list[Any]:
-        """The results of each replica's first rank."""
-        return outs[:: self.model_parallel]
+        """The results of each replica's first rank, in replica (= batch) order."""
+        return [outs[r] for r in self.first]
 
     def forward(self, batch: Any, *, role: str = "actor", entropy: bool = False, top_k: bool = False) -> Any:
         import torch
@@ -284,13 +307,12 @@ class RayBackend:
                 else:
                     result[k] = result.get(k, 0.0) + v
         for _, metrics in outs:  # the driver's loss object reports the global-batch metrics
-            for k, v in metrics.items():
-                loss_fn._acc.add(k.removeprefix("train/"), v)
+            loss_fn.add_metrics(metrics)
         return result
 
     def _replica0(self) -> list[Any]:
-        """The ranks of the first model replica (they call collectives together)."""
-        return self.workers[: self.model_parallel]
+        """The ranks of replica 0, its reporting rank first (they call collectives together)."""
+        return [w for w, d in zip(self.workers, self.dp_ranks) if d == 0]
 
     def engine_state_dict(self) -> Any:
         """An ``ObjectRef`` of rank 0's full weights (Hugging Face names), taken after the

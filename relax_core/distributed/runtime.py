@@ -163,12 +163,18 @@ def start_ray(cfg: Any, config_dict: dict, *, setup: dict, corrections: list[str
     engine_actor = ray.remote(max_restarts=ENGINE_MAX_RESTARTS, max_task_retries=0)(EngineWorker)
     engines = [engine_actor.options(scheduling_strategy=at(engine_pg, engine_bundle[i]), **engine_res).remote(wcfg, i)
                for i in range(n_engines)]
+    workers: list[Any] = []
     try:
         workers = start_train_group(wcfg, world, setup, corrections,
                                     [dict(scheduling_strategy=at(train_pg, r), **train_res) for r in range(world)])
+        backend = RayBackend(workers)
+        if backend.dp_size != cfg.data_parallel_size:
+            raise RuntimeError(f"--train-backend {cfg.train_backend} formed {backend.dp_size} data-parallel replicas over "
+                               f"{world} training workers, but the run's flags give {cfg.data_parallel_size} "
+                               f"(workers / model-parallel size {cfg.model_parallel_size})")
         wait_alive(engines)
     except BaseException:
-        for a in engines:
+        for a in engines + workers:
             ray.kill(a, no_restart=True)
         for g in groups:
             remove_placement_group(g)
@@ -176,8 +182,7 @@ def start_ray(cfg: Any, config_dict: dict, *, setup: dict, corrections: list[str
             ray.shutdown()
         raise
     engine = RayEngine(engines, tokenizer, colocate=cfg.colocate)
-    model_parallel = cfg.tensor_parallel_size * cfg.pipeline_parallel_size * cfg.context_parallel_size
-    return RayRuntime(engine=engine, backend=RayBackend(workers, model_parallel=model_parallel),
+    return RayRuntime(engine=engine, backend=backend,
                       trainer_class=AsyncTrainer if cfg.fully_async else RayTrainer,
                       startup_s=time.monotonic() - t0, engines=engines, workers=workers, groups=groups,
                       started_ray=started)

@@ -152,14 +152,20 @@ def loss_recipe(loss_fn: Any) -> dict:
 
 
 class TrainWorker:
-    """Rank ``rank`` of the data-parallel training group: the training backend
-    (``--train-backend``), the estimator and the corrections, built by name.
+    """Rank ``rank`` of the training group: the training backend (``--train-backend``),
+    the estimator and the corrections, built by name.
 
-    Each rank trains on its shard of every optimizer step's global batch with the global
-    denominators (:func:`relax_core.loss.global_denominators` of the whole batch, computed
-    by the driver), so the backend's gradient all-reduce (a sum) gives the one-process
-    gradient; estimator statistics that span the batch are reduced over the group
-    (``PolicyLossInput.process_group``).
+    The ranks form data-parallel replicas of the model (with tensor/context/pipeline
+    parallelism, several ranks hold one replica).  The backend says where this rank sits:
+    its optional ``data_parallel() -> (dp_rank, dp_size, dp_group)`` (megatron: from
+    Megatron's parallel state); a backend without it is pure data parallel: ``(rank,
+    world_size, the whole group)`` (torch).  Each replica trains on its shard of every
+    optimizer step's global batch with the global denominators
+    (:func:`relax_core.loss.global_denominators` of the whole batch, computed by the
+    driver), so the backend's gradient all-reduce over the replicas (a sum) gives the
+    one-process gradient; estimator statistics that span the batch are reduced over the
+    data-parallel group (``PolicyLossInput.process_group``), never over the ranks of one
+    replica, which hold the same samples.
 
     Life cycle: ``TrainWorker(config, rank, world_size)`` → :meth:`init_group` →
     :meth:`configure` (``setup``: keyword arguments of the backend's ``setup``:
@@ -170,7 +176,7 @@ class TrainWorker:
     def __init__(self, config: dict, rank: int, world_size: int):
         self.cfg = config_from_dict(config)
         self.rank, self.world_size = rank, world_size
-        self.group = None
+        self.dp_rank, self.dp_size, self.group = 0, 1, None
 
     def configure(self, config: dict, setup: dict, corrections: list[str]) -> None:
         """Build the estimator, corrections and backend for ``config``, after
@@ -186,6 +192,19 @@ class TrainWorker:
         self.backend = build_component("backend", cfg.train_backend, cfg)
         critic_settings = getattr(self.estimator, "critic_settings", None) if setup.get("needs_critic") else None
         self.backend.setup(critic_settings=critic_settings, **setup)
+        layout = getattr(self.backend, "data_parallel", None)
+        if callable(layout):
+            self.dp_rank, self.dp_size, self.group = layout()
+        else:
+            import torch.distributed as dist
+
+            self.dp_rank, self.dp_size = self.rank, self.world_size
+            self.group = dist.group.WORLD if self.world_size > 1 else None
+
+    def data_parallel(self) -> tuple[int, int]:
+        """``(dp_rank, dp_size)``: this rank's replica and the number of replicas (after
+        :meth:`configure`)."""
+        return self.dp_rank, self.dp_size
 
     def ping(self) -> int:
         return os.getpid()
@@ -207,7 +226,6 @@ class TrainWorker:
         backend = "nccl" if dev == "cuda" or (dev == "auto" and torch.cuda.is_available()) else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world_size, timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
-        self.group = dist.group.WORLD
 
     def _loss(self, recipe: dict) -> Any:
         from relax_core.loss import ActorLoss, CriticLoss, LossSettings
@@ -243,8 +261,8 @@ class TrainWorker:
         return acc["sums"], grads, loss_fn.metrics()
 
     def compute_advantages(self, inp: dict) -> dict:
-        """The estimator's ``compute_advantages`` on this rank's shard with the group as
-        ``process_group`` (for estimators whose contract reduces over ranks, e.g.
+        """The estimator's ``compute_advantages`` on this rank's shard with the data-parallel
+        group as ``process_group`` (for estimators whose contract reduces over ranks, e.g.
         REINFORCE++'s global normalisation)."""
         from relax_core.contracts import AdvantageInput
 

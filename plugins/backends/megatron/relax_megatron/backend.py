@@ -1,10 +1,13 @@
 """The Megatron-core training backend: a ``GPTModel`` built from a Hugging Face config,
 trained with the same contract as the torch backend (:class:`relax_core.contracts.TrainBackend`).
 
-One process per tensor-parallel rank (``torchrun --nproc-per-node TP``, or a single process
-for TP = 1, which initialises a one-rank gloo/nccl group itself).  Every rank holds the
-whole batch; the vocabulary dimension of the logits stays sharded and the token
-statistics are computed vocab-parallel (:func:`token_stats`), so the full ``[b, T, V]``
+One process per tensor-parallel rank: ``relax train --launcher ray
+--actor-num-gpus-per-node TP`` (the Ray training workers form the gloo/NCCL group, see
+:mod:`relax_core.distributed`), ``torchrun --nproc-per-node TP``, or a single process for
+TP = 1, which initialises a one-rank gloo/nccl group itself.  Every rank of the
+tensor-parallel group holds the same samples (one data-parallel replica,
+:meth:`MegatronBackend.data_parallel`); the vocabulary dimension of the logits stays sharded
+and the token statistics are computed vocab-parallel (:func:`token_stats`), so the full ``[b, T, V]``
 logits never exist on one rank.
 
 Per micro-batch the sequence of sample ``i`` is ``prompt_i ++ response_i`` (right-padded);
@@ -211,6 +214,14 @@ class MegatronBackend:
             if self.ref_loader is None:
                 raise ValueError("a reference model is needed but no ref_loader was given")
             self.ref = self._build(self.ref_loader()).requires_grad_(False)
+
+    def data_parallel(self) -> tuple[int, int, Any]:
+        """``(dp_rank, dp_size, dp_group)`` from Megatron's parallel state: the ranks of one
+        tensor-parallel group are one replica and train on the same samples (``dp_group``
+        is ``None`` for a single replica).  The launcher shards batches by ``dp_rank`` and
+        reduces batch-wide estimator statistics over ``dp_group`` only."""
+        size = self.ps.get_data_parallel_world_size()
+        return self.ps.get_data_parallel_rank(), size, self.ps.get_data_parallel_group() if size > 1 else None
 
     # ------------------------------------------------------------------ forward
     def _forward(self, model: Any, mb: TrainBatch, *, entropy: bool, top_k: bool) -> ForwardOutput:

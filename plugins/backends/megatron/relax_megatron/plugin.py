@@ -15,10 +15,9 @@ def relax_register_train_backends():
         capabilities=BackendCapabilities(
             devices=frozenset({"cpu", "cuda"}),
             supports_data_parallel=False,
-            # Implemented and tested at the backend level (one process per TP rank under
-            # torchrun: TP = 2 equals TP = 1), but `relax train` starts one training process,
-            # so the run cannot use it yet: declared off until a launcher starts TP ranks.
-            supports_tensor_parallel=False,
+            # one training worker per TP rank: `--launcher ray --actor-num-gpus-per-node TP`
+            # (startup validation refuses TP > 1 with --launcher local)
+            supports_tensor_parallel=True,
             supports_context_parallel=False,
             supports_pipeline_parallel=False,
             supports_critic=False,

@@ -32,9 +32,15 @@ def test_gpu_only_and_unsupported_parallelism_refused_at_startup():
     assert r.returncode == 2, r.stdout + r.stderr
     out = r.stdout + r.stderr
     assert "backend 'megatron'" in out and "supports_context_parallel" in out and "supports_pipeline_parallel" in out
-    # TP works in the backend (test_megatron.py) but not yet through `relax train`'s one process
+    # TP needs one training worker per TP rank: the Ray launcher
     r = _relax(["--train-backend", "megatron", "--tensor-parallel-size", "2", "--dry-run"], timeout=300)
-    assert r.returncode == 2 and "supports_tensor_parallel" in r.stdout + r.stderr
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2 and "supports_tensor_parallel" not in out
+    assert "needs 2 training processes, but --launcher local starts one" in out
+    assert "fix: use --launcher ray --actor-num-gpus-per-node 2" in out
+    r = _relax(["--train-backend", "megatron", "--tensor-parallel-size", "2", "--launcher", "ray",
+                "--actor-num-gpus-per-node", "2", "--dry-run"], timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
 
 @pytest.mark.slow
