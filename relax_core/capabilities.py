@@ -66,6 +66,9 @@ def _sync_reasons(cfg: Any) -> list[str]:
         r.append(f"--max-staleness {cfg.max_staleness} lets it train on stale rollouts")
     if cfg.num_steps_per_rollout > 1:
         r.append(f"--num-steps-per-rollout {cfg.num_steps_per_rollout} repeats updates on one rollout")
+    if cfg.update_weights_interval > 1:
+        r.append(f"--update-weights-interval {cfg.update_weights_interval} generates with weights up to "
+                 f"{cfg.update_weights_interval - 1} steps old")
     if cfg.partial_rollout:
         r.append("--partial-rollout changes the effective batch")
     if cfg.use_dynamic_global_batch_size:
@@ -123,7 +126,7 @@ CAPABILITIES: tuple[Capability, ...] = (
                "use --context-parallel-size 1, or an estimator (or estimator parameters, e.g. m2po with --m2po-stat-scope global) whose capabilities show CP (see `relax capabilities`)"),
     Capability(E, "sync_only", "sync only", "Needs on-policy updates: no async or stale rollouts, one optimizer step per rollout, rollout_batch_size × n_samples_per_prompt == global_batch_size.",
                lambda ctx, c: ("is sync-only (on-policy updates only), but " + "; ".join(r)) if c.sync_only and (r := _sync_reasons(ctx.cfg)) else None,
-               "run synchronously: --max-staleness 0, no --fully-async, --num-steps-per-rollout 1, and --global-batch-size = --rollout-batch-size × --n-samples-per-prompt; or pick an estimator with importance-ratio correction (grpo, m2po)"),
+               "run synchronously: --max-staleness 0, no --fully-async, --num-steps-per-rollout 1, --update-weights-interval 1, and --global-batch-size = --rollout-batch-size × --n-samples-per-prompt; or pick an estimator with importance-ratio correction (grpo, m2po)"),
     Capability(E, "supports_fully_async", "async", "May run with --fully-async (rollout ahead of training).",
                lambda ctx, c: "does not support --fully-async" if ctx.cfg.fully_async and not c.supports_fully_async else None,
                "drop --fully-async, or use an estimator that supports it (e.g. m2po with --use-rollout-logprobs)"),

@@ -170,6 +170,12 @@ def _run_problems(cfg: RunConfig) -> list[Problem]:
                            "(--launcher local runs everything in one process)", "add --launcher ray, or drop them"))
     if cfg.max_staleness > 0 and not cfg.fully_async:
         out.append(Problem("config", "--max-staleness", "--max-staleness > 0 only has meaning with --fully-async", "add --fully-async or use --max-staleness 0"))
+    if cfg.fully_async and cfg.max_staleness < cfg.update_weights_interval - 1:
+        out.append(Problem("config", "--max-staleness",
+                           f"--fully-async with --update-weights-interval {cfg.update_weights_interval} cannot keep "
+                           f"--max-staleness {cfg.max_staleness}: the engines get new weights only every "
+                           f"{cfg.update_weights_interval} steps, so samples are up to {cfg.update_weights_interval - 1} steps stale",
+                           f"use --max-staleness {cfg.update_weights_interval - 1} or more, or a smaller --update-weights-interval"))
     if len(set(cfg.correction)) != len(cfg.correction):
         out.append(Problem("config", "--correction", "a correction is selected twice", "give each --correction once"))
     return out

@@ -31,7 +31,8 @@ def test_capability_violated_error_text_is_pinned(registry_with):
     assert str(p) == (
         "estimator 'toy' (relax-strict 0.2.0) [sync_only]: toy is sync-only (on-policy updates only), but "
         "--fully-async is set; --max-staleness 1 lets it train on stale rollouts\n"
-        "    fix: run synchronously: --max-staleness 0, no --fully-async, --num-steps-per-rollout 1, and "
+        "    fix: run synchronously: --max-staleness 0, no --fully-async, --num-steps-per-rollout 1, "
+        "--update-weights-interval 1, and "
         "--global-batch-size = --rollout-batch-size × --n-samples-per-prompt; or pick an estimator with "
         "importance-ratio correction (grpo, m2po)")
 
@@ -137,3 +138,25 @@ def test_data_sources(registry_with, tmp_path):
                            ("gsm8k:/no/such.jsonl", "data file /no/such.jsonl not found")):
         got = [p.message for p in _problems(reg, data=value) if p.constraint == "--data"]
         assert got == ([message] if message else []), value
+
+
+def test_update_weights_interval_makes_a_run_off_policy(registry_with):
+    strict = ("strict", make_plugin(estimator(caps=EstimatorCapabilities(sync_only=True, policy_loss_kind="reinforce"))),
+              "relax-strict", "0.2.0")
+    [p] = [p for p in _problems(registry_with(strict), update_weights_interval=3) if p.constraint == "sync_only"]
+    assert "--update-weights-interval 3 generates with weights up to 2 steps old" in p.message
+    assert not [p for p in _problems(registry_with(strict)) if p.constraint == "sync_only"]
+
+
+def test_fully_async_staleness_bound_must_cover_the_weight_update_interval(registry_with):
+    """With weights pushed every u steps a sample can be u - 1 steps stale whatever the
+    bound, so --max-staleness below u - 1 is refused (the async loop would wait forever for
+    weights that are never posted)."""
+    reg = registry_with(TOY)
+    [p] = [p for p in _problems(reg, launcher="ray", fully_async=True, max_staleness=1, update_weights_interval=3)
+           if p.component == "config"]
+    assert p.message == ("--fully-async with --update-weights-interval 3 cannot keep --max-staleness 1: the engines "
+                         "get new weights only every 3 steps, so samples are up to 2 steps stale")
+    assert p.fix == "use --max-staleness 2 or more, or a smaller --update-weights-interval"
+    for ok in (dict(max_staleness=2, update_weights_interval=3), dict(max_staleness=0, update_weights_interval=1)):
+        assert not [p for p in _problems(reg, launcher="ray", fully_async=True, **ok) if p.component == "config"]

@@ -162,11 +162,11 @@ def test_sigint_finishes_the_step_saves_and_exits_cleanly(tmp_path):
 
     calls = []
 
-    def score(responses, labels, metadata):
+    def score(responses, labels, metadata, prompts):
         calls.append(1)
         if len(calls) == 2:  # Ctrl-C while step 2 is being scored
             os.kill(os.getpid(), signal.SIGINT)
-        return count_sevens(responses, labels, metadata)
+        return count_sevens(responses, labels, metadata, prompts)
 
     tr, _ = make_trainer(tmp_path, num_rollout=5)
     tr.c.score = score
@@ -250,3 +250,23 @@ def test_make_score_gives_the_prompt_to_scorers_as_metadata(tmp_path):
     rewards, metrics = make_score(prompt_length, cfg)(["a", "b"], [None, None], [{}, None], ["four", "sixsix"])
     assert rewards == [4.0, 6.0]
     assert metrics == {"rollout/reward_errors": 0.0, "rollout/reward_timeouts": 0.0}
+
+
+def test_weight_version_and_staleness_follow_the_update_weights_interval(tmp_path, monkeypatch):
+    """With weights pushed every 2 steps, steps 1-2 generate with version 0 and steps 3-4 with
+    version 2: staleness (k - 1) - version is 0, 1, 0, 1."""
+    versions = []
+    tr, f = make_trainer(tmp_path, num_rollout=4, update_weights_interval=2)
+    real = tr.generate
+
+    def spy(rows, indices, n, sampling, group_offset, version):
+        versions.append(version)
+        return real(rows, indices, n, sampling, group_offset, version)
+
+    monkeypatch.setattr(tr, "generate", spy)
+    assert tr.run() == EXIT_OK
+    assert versions == [0, 0, 2, 2]
+    assert f.engine.versions == [2, 4]
+    recs = read_metrics(tmp_path / "runs" / "r")
+    assert [r["staleness/max"] for r in recs] == [0.0, 1.0, 0.0, 1.0]
+    assert [r["staleness/mean"] for r in recs] == [0.0, 1.0, 0.0, 1.0]

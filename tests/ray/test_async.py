@@ -35,6 +35,17 @@ def test_max_staleness_one_is_never_exceeded(tiny_model_dir, prompts_file, tmp_p
 
 
 @pytest.mark.slow
+def test_staleness_bound_holds_when_weights_are_pushed_every_two_steps(tiny_model_dir, prompts_file, tmp_path, ray_local):
+    """--update-weights-interval 2 --max-staleness 1: the rollout waits for posted weights,
+    not for finished steps, so the bound still holds (it used to reach s + u - 1 = 2)."""
+    code, out = run_train(ray_args(tiny_model_dir, prompts_file, tmp_path, "async-u2", "--fully-async",
+                                   "--max-staleness", "1", "--update-weights-interval", "2"))
+    assert code == 0, out
+    s = staleness(trained(tmp_path / "async-u2"))
+    assert len(s) == 4 * 8 and min(s) >= 0 and max(s) == 1
+
+
+@pytest.mark.slow
 def test_max_staleness_zero_equals_synchronous(tiny_model_dir, prompts_file, tmp_path, ray_local):
     runs = {}
     for name, extra in (("sync", ()), ("async0", ("--fully-async", "--max-staleness", "0"))):
