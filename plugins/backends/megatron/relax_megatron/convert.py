@@ -23,7 +23,11 @@ Megatron name                                          from Hugging Face
 ``output_layer.weight`` [V/tp, H] (untied only)         ``lm_head.weight`` rows of rank r
 =====================================================  ==============================================
 
-``n`` query heads, ``g`` KV groups, ``d`` head dim, ``F`` MLP width.  Hugging Face's
+``n`` query heads, ``g`` KV groups, ``d`` head dim, ``F`` MLP width.  With pipeline
+parallelism (``PP`` stages, stage ``p``) a stage holds HF layers ``[p·L/PP, (p+1)·L/PP)``
+under local indices ``decoder.layers.0…``; the embedding is on the first stage, the final
+norm and ``output_layer`` on the last (with tied embeddings and ``PP > 1`` the last stage
+holds a copy of the embedding as ``output_layer.weight``).  Hugging Face's
 ``repeat_kv`` gives query head ``h`` the KV head ``h // (n/g)``, which is exactly
 Megatron's grouping, and both apply RoPE with the non-interleaved ``rotate_half`` form.
 """
@@ -112,17 +116,35 @@ def check_tp(a: ArchSpec, tp: int) -> None:
             raise ValueError(f"{what} = {n} is not divisible by --tensor-parallel-size {tp}")
 
 
+def check_pp(a: ArchSpec, pp: int) -> None:
+    """Raise ``ValueError`` unless the layers split evenly over ``pp`` pipeline stages."""
+    if a.num_layers % pp:
+        raise ValueError(f"num_hidden_layers = {a.num_layers} is not divisible by --pipeline-parallel-size {pp}")
+
+
 def build_gpt_model(a: ArchSpec, *, sequence_length: int | None = None) -> Any:
-    """A Megatron-core ``GPTModel`` (local spec, no Transformer Engine, float32 weights) for ``a``.
+    """This rank's Megatron-core ``GPTModel`` (float32 weights) for ``a``: its pipeline stage
+    (``pre_process`` on the first, ``post_process`` on the last) of its tensor-parallel shard.
+
+    Local spec (no Transformer Engine), except the core attention with context parallelism
+    > 1: Transformer Engine's ``TEDotProductAttention``, the only attention of megatron-core
+    0.16.1 that supports it (its local ``DotProductAttention`` asserts
+    ``context_parallel_size == 1``); the weights keep the local spec's names.
 
     Must be called after ``parallel_state.initialize_model_parallel``; the weights are
     random (``perform_initialization=False``) until :func:`load_hf_state_dict`.
     Dropout is 0 (RL fine-tuning convention, and makes forward deterministic).
+    ``calculate_per_token_loss`` makes megatron's pipeline schedule backpropagate each
+    micro-batch's loss unscaled (the backend's losses carry the global denominators).
     """
     import torch.nn.functional as F
+    from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
+
+    cuda = torch.cuda.is_available()
+    pp, cp = ps.get_pipeline_model_parallel_world_size(), ps.get_context_parallel_world_size()
 
     cfg = TransformerConfig(
         num_layers=a.num_layers,
@@ -141,15 +163,24 @@ def build_gpt_model(a: ArchSpec, *, sequence_length: int | None = None) -> Any:
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=_tp_size(),
+        pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,
+        pipeline_dtype=torch.float32,  # stages send float32 hidden states (also under --bf16 autocast)
+        batch_p2p_comm=cuda,  # its batch_p2p_sync calls torch.cuda.synchronize
+        calculate_per_token_loss=True,
         params_dtype=torch.float32,
         perform_initialization=False,
-        use_cpu_initialization=not torch.cuda.is_available(),
+        use_cpu_initialization=not cuda,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         masked_softmax_fusion=False,
         gradient_accumulation_fusion=False,
     )
     spec = get_gpt_layer_local_spec(qk_layernorm=a.qk_layernorm, normalization="RMSNorm")
+    if cp > 1:
+        from megatron.core.extensions.transformer_engine import TEDotProductAttention
+
+        spec.submodules.self_attention.submodules.core_attention = TEDotProductAttention
     return GPTModel(
         config=cfg,
         transformer_layer_spec=spec,
@@ -159,6 +190,8 @@ def build_gpt_model(a: ArchSpec, *, sequence_length: int | None = None) -> Any:
         position_embedding_type="rope",
         rotary_base=int(a.rope_theta),
         parallel_output=True,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
     )
 
 
@@ -187,13 +220,59 @@ def _qkv_split(w: Tensor, a: ArchSpec) -> tuple[Tensor, Tensor, Tensor]:
     return q.reshape(g * hpg * d, *tail), k.reshape(g * d, *tail), v.reshape(g * d, *tail)
 
 
-def hf_to_megatron(hf: dict[str, Tensor], a: ArchSpec, tp: int = 1, rank: int = 0) -> dict[str, Tensor]:
-    """Megatron state dict of TP rank ``rank`` (of ``tp``) from a full HF state dict.
+def hf_to_megatron(hf: dict[str, Tensor], a: ArchSpec, tp: int = 1, rank: int = 0, *, pp: int = 1,
+                   pp_rank: int = 0) -> dict[str, Tensor]:
+    """Megatron state dict of TP rank ``rank`` (of ``tp``) of pipeline stage ``pp_rank`` (of
+    ``pp``) from a full HF state dict (layer names local to the stage).
 
     Raises:
         KeyError: a tensor the architecture needs is missing from ``hf``.
+        ValueError: the sizes do not divide the model (:func:`check_tp`, :func:`check_pp`).
     """
     check_tp(a, tp)
+    check_pp(a, pp)
+    return stage_of(_hf_to_megatron(hf, a, tp, rank), a, pp, pp_rank)
+
+
+def stage_of(sd: dict[str, Tensor], a: ArchSpec, pp: int, pp_rank: int) -> dict[str, Tensor]:
+    """The tensors of pipeline stage ``pp_rank`` (of ``pp``) of a whole-model Megatron state
+    dict, decoder layers renumbered from 0 (see the module docstring)."""
+    if pp == 1:
+        return sd
+    per = a.num_layers // pp
+    first, last = pp_rank == 0, pp_rank == pp - 1
+    out = {}
+    for k, v in sd.items():
+        if k.startswith("decoder.layers."):
+            i, rest = k.removeprefix("decoder.layers.").split(".", 1)
+            if pp_rank * per <= int(i) < (pp_rank + 1) * per:
+                out[f"decoder.layers.{int(i) - pp_rank * per}.{rest}"] = v
+        elif (first if k.startswith("embedding.") else last):
+            out[k] = v
+    if last and not first and a.tie_word_embeddings:
+        out["output_layer.weight"] = sd["embedding.word_embeddings.weight"]
+    return out
+
+
+def merge_stages(stages: list[dict[str, Tensor]], a: ArchSpec) -> dict[str, Tensor]:
+    """Inverse of :func:`stage_of`: the whole-model state dict from every stage's (in stage
+    order); the last stage's copy of tied embeddings is dropped."""
+    pp = len(stages)
+    if pp == 1:
+        return stages[0]
+    per = a.num_layers // pp
+    out = {}
+    for p, sd in enumerate(stages):
+        for k, v in sd.items():
+            if k.startswith("decoder.layers."):
+                i, rest = k.removeprefix("decoder.layers.").split(".", 1)
+                out[f"decoder.layers.{int(i) + p * per}.{rest}"] = v
+            elif not (k == "output_layer.weight" and a.tie_word_embeddings):
+                out[k] = v
+    return out
+
+
+def _hf_to_megatron(hf: dict[str, Tensor], a: ArchSpec, tp: int, rank: int) -> dict[str, Tensor]:
 
     def rows(t: Tensor) -> Tensor:
         return t.chunk(tp, dim=0)[rank]
@@ -226,7 +305,8 @@ def hf_to_megatron(hf: dict[str, Tensor], a: ArchSpec, tp: int = 1, rank: int = 
 
 
 def megatron_to_hf(shards: list[dict[str, Tensor]], a: ArchSpec) -> dict[str, Tensor]:
-    """Full HF state dict from the Megatron state dicts of all TP ranks (in rank order).
+    """Full HF state dict from the whole-model Megatron state dicts of all TP ranks (in rank
+    order; with pipeline parallelism each merged over the stages by :func:`merge_stages`).
 
     Inverse of :func:`hf_to_megatron`; with tied embeddings ``lm_head.weight`` is omitted
     (Hugging Face ties it to ``model.embed_tokens.weight``).
@@ -265,11 +345,13 @@ def megatron_to_hf(shards: list[dict[str, Tensor]], a: ArchSpec) -> dict[str, Te
 
 
 def load_hf_state_dict(model: Any, hf: dict[str, Tensor], a: ArchSpec) -> None:
-    """Copy a full HF state dict into this TP rank's ``GPTModel`` (strict: every
+    """Copy a full HF state dict into this rank's ``GPTModel`` (its TP shard of its pipeline
+    stage; strict: every
     parameter is set, no tensor left over)."""
     from megatron.core import parallel_state as ps
 
-    sd = hf_to_megatron(hf, a, ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank())
+    sd = hf_to_megatron(hf, a, ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank(),
+                        pp=ps.get_pipeline_model_parallel_world_size(), pp_rank=ps.get_pipeline_model_parallel_rank())
     own = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     missing, extra = sorted(set(own) - set(sd)), sorted(set(sd) - set(own))
     if missing or extra:

@@ -6,8 +6,15 @@ allocates) and the tensor-parallel RNG tracker (``CudaRNGStatesTracker`` keeps C
 generator states to fork dropout randomness per TP rank).  :func:`install_cpu_shim`
 answers the first with the CPU device and replaces the tracker with one that keeps CPU
 generator states.  It is applied only when CUDA is not available, once per process, and
-changes nothing else: Megatron's own optimizer and pipeline schedules stay CUDA-only
-(the backend drives training with ``torch.optim`` on CPU).
+changes nothing else: Megatron's own optimizer stays CUDA-only (the backend drives
+training with ``torch.optim`` on CPU).
+
+Megatron's pipeline schedules (``forward_backward_pipelining_without_interleaving``,
+``forward_backward_no_pipelining``) allocate their token counter with a hard-wired
+``torch.zeros([], device="cuda")``, which raises ``AssertionError: Torch not compiled with
+CUDA enabled`` on CPU; :func:`cuda_factories_on_cpu` runs them with such allocations
+redirected to the CPU.  Their point-to-point sends and receives work on gloo once
+``batch_p2p_comm`` is off (its ``batch_p2p_sync`` calls ``torch.cuda.synchronize``).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 _INSTALLED = False
 
@@ -71,3 +79,28 @@ def seed_tracker(seed: int, tp_rank: int) -> None:
     tracker.add(mrandom._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
     tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
     tracker.add(mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024 + 100 * tp_rank)
+
+
+class _CudaFactoriesOnCPU(TorchFunctionMode):
+    """Rewrites ``device=cuda…`` keyword arguments of torch calls to ``device=cpu``."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        dev = kwargs.get("device")
+        if dev is not None and torch.device(dev).type == "cuda":
+            kwargs = {**kwargs, "device": "cpu"}
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_factories_on_cpu():
+    """Inside the block, torch calls given ``device="cuda"`` allocate on the CPU instead
+    (a ``TorchFunctionMode``; scoped, nothing stays patched).
+
+    Raises:
+        RuntimeError: if CUDA is available (it must not hide a real GPU).
+    """
+    if torch.cuda.is_available():
+        raise RuntimeError("cuda_factories_on_cpu() is for CPU-only machines; CUDA is available here")
+    with _CudaFactoriesOnCPU():
+        yield
