@@ -55,10 +55,9 @@ def test_dense_model_refused_moe_accepted(tmp_path):
 
 
 def test_contract():
-    testing = pytest.importorskip("relax_core.testing")
-    if not hasattr(testing, "check_contract"):
-        pytest.skip("relax_core.testing.check_contract not available yet")
-    testing.check_contract(relax_register_corrections()[0])
+    from relax_core.testing import check_contract
+
+    check_contract(relax_register_corrections()[0])
 
 
 from relax_core.testing.training import train_tiny as _train  # noqa: E402  (2-step run of the real loop)

@@ -261,12 +261,11 @@ def test_valid_reinforce_setups():
 
 
 def test_contract():
-    testing = pytest.importorskip("relax_core.testing")
-    if not hasattr(testing, "check_contract"):
-        pytest.skip("relax_core.testing.check_contract not available yet")
     from relax_score_centering.plugin import relax_register_corrections
 
-    testing.check_contract(relax_register_corrections()[0])
+    from relax_core.testing import check_contract
+
+    check_contract(relax_register_corrections()[0])
 
 
 from relax_core.testing.training import train_tiny as _train  # noqa: E402  (2-step run of the real loop)
