@@ -316,14 +316,16 @@ def discounted_cumsum(x: Tensor, discount: float, *, chunk: int = 128) -> Tensor
     """Reverse discounted cumulative sum along the last dim: y_t = Σ_{u≥t} discount^(u−t) x_u.
 
     The recurrence y_t = x_t + discount·y_{t+1} (y_T = 0) of returns and of GAE
-    (Schulman et al. 2016, eq. 16), computed as a chunked scan: inside each chunk of
-    ``chunk`` positions a matrix product with M[i, j] = discount^(j−i) (j ≥ i), then the
-    carry between chunks by the same scan over the chunks' first entries with discount^chunk
-    (recursively).  No Python loop over positions; powers never exceed ``chunk`` so nothing
-    overflows for discount < 1.
+    (Schulman et al. 2016, eq. 16).  discount = 1: a reversed ``cumsum``.  Otherwise a
+    chunked scan: inside each chunk of ``chunk`` positions a matrix product with
+    M[i, j] = discount^(j−i) (j ≥ i), then the carry between chunks by the same scan over
+    the chunks' first entries with discount^chunk (recursively).  No Python loop over
+    positions; powers never exceed ``chunk`` so nothing overflows for discount < 1.
+    Accuracy in float32 (tests, T = 8192 against a float64 loop): a few ulps of the
+    output's scale (5e-7 at discount 0.98 and |y| ≈ 1, 9e-6 at discount 0.9999 and |y| ≈ 28).
 
     Args:
-        x: float ``[..., T]`` (use float64 for long sequences; the output keeps x's dtype).
+        x: float ``[..., T]`` (the output keeps x's dtype).
         discount: in [0, 1].
         chunk: positions per chunk (≥ 2; the recursion depth is log_chunk(T)).
 
@@ -340,6 +342,8 @@ def discounted_cumsum(x: Tensor, discount: float, *, chunk: int = 128) -> Tensor
     t = x.shape[-1]
     if t == 0:
         return x.clone()
+    if discount == 1.0:
+        return x.flip(-1).cumsum(-1).flip(-1)
     k = min(chunk, t)
     n = -(-t // k)
     xc = torch.nn.functional.pad(x, (0, n * k - t)).reshape(*x.shape[:-1], n, k)  # [..., n, k]
@@ -351,8 +355,20 @@ def discounted_cumsum(x: Tensor, discount: float, *, chunk: int = 128) -> Tensor
     if n > 1:
         heads = discounted_cumsum(local[..., 0], discount ** k, chunk=chunk)  # [..., n] y at chunk starts
         nxt = torch.nn.functional.pad(heads[..., 1:], (0, 1))  # [..., n] y at the next chunk's start
-        local = local + nxt[..., None] * d ** (k - pos).to(x.dtype)  # carry d^(k−i)·y_next
+        local = local.addcmul_(nxt[..., None], d ** (k - pos).to(x.dtype))  # carry d^(k−i)·y_next
     return local.reshape(*x.shape[:-1], n * k)[..., :t]
+
+
+def last_valid_index(mask: Tensor) -> Tensor:
+    """Position of the last True of each row of ``mask``.
+
+    Args:
+        mask: bool ``[B, T]`` with T ≥ 1.
+
+    Returns:
+        long ``[B]``; T − 1 on a row with no True (callers mask that row's outputs).
+    """
+    return mask.shape[-1] - 1 - mask.flip(-1).to(torch.uint8).argmax(-1)
 
 
 # --------------------------------------------------------------------------- distributed helpers

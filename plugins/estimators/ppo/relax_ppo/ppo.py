@@ -35,7 +35,7 @@ from torch import Tensor
 
 from relax_core.contracts import (AdvantageInput, AdvantageOutput, CriticSettings, PolicyLossInput,
                                   PolicyLossOutput, ValueLossInput)
-from relax_core.numerics import discounted_cumsum, masked_fill_zero
+from relax_core.numerics import discounted_cumsum, last_valid_index, masked_fill_zero
 from relax_core.policy import ppo_clip_loss
 
 
@@ -63,9 +63,16 @@ def pack_valid(mask: Tensor) -> tuple[Tensor, Tensor]:
 def gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, gamma: float, lambd: float) -> tuple[Tensor, Tensor]:
     """GAE advantages and returns with the scalar reward on the last valid token.
 
-    Vectorised: the valid tokens of each row are packed to the front (:func:`pack_valid`),
-    the recurrence Â_t = δ_t + γλÂ_{t+1} runs as a chunked scan
-    (:func:`relax_core.numerics.discounted_cumsum`) in float64, and the result is unpacked.
+    Vectorised, float32, three paths with the same result:
+
+    - γ = λ = 1: the δ_t telescope to Â_t = R − V_t and R̂_t = R (no scan);
+    - each row's valid tokens form one contiguous block (no holes, the usual case: a
+      prefix): the recurrence runs on the padded layout (:func:`_gae_block`);
+    - holes (tool observations): the valid tokens of each row are first packed to the front
+      (:func:`pack_valid`), then the same, then unpacked.
+
+    Accuracy (tests, T = 8192 against a float64 loop): 2e-6 at γ = λ = 0.99 (|Â| ≲ 1), one
+    rounding at γ = λ = 1.
 
     Args:
         rewards: float ``[B]`` scalar reward of each response (must be finite on rows with
@@ -83,19 +90,44 @@ def gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, gamma: float, lambd:
     Â [0.475, 0.5].
     """
     mask = loss_mask.bool()
+    v = masked_fill_zero(values.detach().to(torch.float32), mask)  # [B, T] V, 0 at masked positions
+    r = rewards.detach().to(torch.float32)[:, None]  # [B, 1]
+    zero = torch.zeros((), dtype=torch.float32, device=v.device)
+    if gamma * lambd == 1.0:
+        return torch.where(mask, r - v, zero), torch.where(mask, r, zero)
+    if mask.shape[-1] == 0:
+        return v, v.clone()
+    n = mask.sum(-1)  # [B] valid tokens
+    last = last_valid_index(mask)  # [B]
+    first = mask.to(torch.uint8).argmax(-1)  # [B]
+    if bool(((last - first + 1 == n) | (n == 0)).all()):  # one block per row: no packing
+        return _gae_block(r, v, mask, last, gamma, lambd)
     dest, packed_valid = pack_valid(mask)  # [B, T]
-    f64 = torch.float64
-    v = masked_fill_zero(values.detach().to(f64), mask)
     vp = torch.zeros_like(v).scatter(1, dest, v)  # [B, T] packed V, 0 past the last valid token
-    v_next = torch.nn.functional.pad(vp[:, 1:], (0, 1))  # V_{t+1}, 0 after the last valid token
-    n = packed_valid.sum(-1, keepdim=True)  # [B, 1]
-    last = torch.arange(mask.shape[-1], device=mask.device) == n - 1  # [B, T] packed last valid token
-    r = torch.where(last, rewards.detach().to(f64)[:, None], torch.zeros((), dtype=f64, device=v.device))
-    delta = masked_fill_zero(r + gamma * v_next - vp, packed_valid)  # [B, T]
-    adv_p = discounted_cumsum(delta, gamma * lambd)
-    adv = adv_p.gather(1, dest)
-    ret = (adv_p + vp).gather(1, dest)
-    return (masked_fill_zero(adv, mask).to(torch.float32), masked_fill_zero(ret, mask).to(torch.float32))
+    adv_p, ret_p = _gae_block(r, vp, packed_valid, (n - 1).clamp(min=0), gamma, lambd)
+    return adv_p.gather(1, dest), ret_p.gather(1, dest)  # masked slots come from packed zeros
+
+
+def _gae_block(r: Tensor, v: Tensor, mask: Tensor, last: Tensor, gamma: float,
+               lambd: float) -> tuple[Tensor, Tensor]:
+    """GAE when each row's valid tokens form one contiguous block.
+
+    Args:
+        r: float32 ``[B, 1]`` R; v: float32 ``[B, T]`` V, 0 outside the block;
+        mask: bool ``[B, T]`` the block; last: long ``[B]`` its last position (any valid
+        index on an empty row).
+
+    Returns:
+        ``(advantages, returns)`` float32 ``[B, T]``, 0 outside the block.  Inside the block
+        δ_t = γ·V_{t+1} − V_t (+ R at ``last``) reads V_{n+1} = 0 from the zeroed slot after
+        it; the δ before the block is not masked: it reaches only positions before the block,
+        which are zeroed.
+    """
+    delta = v.neg()  # [B, T]
+    delta[:, :-1].add_(v[:, 1:], alpha=gamma)
+    delta.scatter_add_(1, last[:, None], r)
+    adv = masked_fill_zero(discounted_cumsum(delta, gamma * lambd), mask)
+    return adv, adv + v
 
 
 def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, loss_mask: Tensor,
@@ -155,10 +187,9 @@ class PPO:
         scored = torch.isfinite(inp.rewards)  # [B]
         rewards = torch.where(scored, inp.rewards, torch.zeros_like(inp.rewards))
         adv, ret = gae(rewards, inp.values, mask, self.gamma, self.lambd)
-        v = masked_fill_zero(inp.values.detach().to(torch.float32), mask)
-        keep = scored[:, None]
-        adv = torch.where(keep, adv, torch.zeros_like(adv))
-        ret = torch.where(keep, ret, v)
+        keep = scored[:, None]  # [B, 1]
+        ret = torch.where(keep, ret, masked_fill_zero(inp.values.detach().to(torch.float32), mask))
+        adv = torch.where(keep, adv, torch.zeros((), dtype=adv.dtype, device=adv.device))
         return AdvantageOutput(advantages=adv, returns=ret)
 
     def policy_loss(self, inp: PolicyLossInput) -> PolicyLossOutput:
