@@ -286,9 +286,28 @@ class MegatronBackend:
                              top_k_log_probs=cat([o.top_k_log_probs for o in outs]))
 
     # ------------------------------------------------------------------ training
+    def _allreduce_qk_layernorm_grads(self) -> None:
+        """Sum the gradients of the q/k RMSNorm weights (Qwen3) over the TP group.
+
+        These weights are replicated, but each rank normalises only its own attention
+        heads, so each holds a partial gradient; the sum is the full one, equal on every
+        rank, which keeps the replicas identical (Megatron's ``finalize_model_grads`` does
+        the same when ``qk_layernorm`` is set).
+        """
+        if not self.arch.qk_layernorm or self.ps.get_tensor_model_parallel_world_size() == 1:
+            return
+        grads = [p.grad for name, p in self.model.named_parameters()
+                 if p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name)]
+        if grads:
+            flat = torch._utils._flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=self.ps.get_tensor_model_parallel_group())
+            for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+                g.copy_(synced)
+
     def _grad_norm(self) -> float:
         """Global L2 norm of the gradient: TP-sharded parameters summed over the TP group,
-        replicated ones (the RMSNorm weights, identical on every rank) counted once.
+        replicated ones (the RMSNorm weights, identical on every rank once the q/k norm
+        gradients are summed) counted once.
 
         Sharding is read from the parameter names (every non-norm tensor of the local spec
         is split over TP): with ``perform_initialization=False`` Megatron does not set its
@@ -354,6 +373,7 @@ class MegatronBackend:
                     loss.backward()
         finally:
             self.model.eval()
+        self._allreduce_qk_layernorm_grads()
         norm = self._grad_norm()
         if not math.isfinite(norm):
             bad.add("grad_norm")

@@ -111,6 +111,13 @@ def worker(rank: int, world: int, port: int, kind: str, out_path: str) -> None:
     skipped = be.train_step(batch, ToyLoss(n, nan=True))
     unchanged = max((be.engine_state_dict()[k] - before[k]).abs().max().item() for k in before)
     stepped = be.train_step(batch, ToyLoss(n))
+    spread = 0.0  # replicated (norm) weights must stay equal on every TP rank
+    if world > 1:
+        for name, p in be.model.named_parameters():
+            if "layernorm" in name:
+                parts = [torch.empty_like(p) for _ in range(world)]
+                torch.distributed.all_gather(parts, p.detach().contiguous())
+                spread = max(spread, max((x - parts[0]).abs().max().item() for x in parts))
     ckpt = out_path + ".ckpt"  # one directory for all TP ranks
     be.save_checkpoint(ckpt)
     saved = be.engine_state_dict()
@@ -122,7 +129,7 @@ def worker(rank: int, world: int, port: int, kind: str, out_path: str) -> None:
     ref_lp = be.forward(batch, role="ref").log_probs
     actor_lp = be.forward(batch).log_probs
     res = {"ckpt": (moved_again, restored, restored_step), "ref_log_probs": ref_lp, "actor_after": actor_lp,"log_probs": fwd.log_probs, "entropy": fwd.entropy, "top_k": fwd.top_k_log_probs,
-           "skipped": skipped, "unchanged": unchanged, "stepped": stepped, "before": before,
+           "skipped": skipped, "unchanged": unchanged, "stepped": stepped, "spread": spread, "before": before,
            "after": be.engine_state_dict(), "step": be.step}
     if rank == 0:
         if world == 1:

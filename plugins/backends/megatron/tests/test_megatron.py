@@ -43,6 +43,12 @@ def tp2(tmp_path_factory):
     return _run(2, "qwen2", tmp_path_factory.mktemp("tp2"))
 
 
+@pytest.fixture(scope="module")
+def qwen3_tp(tmp_path_factory):
+    """TP = 1 and TP = 2 on Qwen3 (q/k RMSNorm over TP-sharded heads, tied embeddings)."""
+    return {w: _run(w, "qwen3", tmp_path_factory.mktemp(f"qwen3_tp{w}")) for w in (1, 2)}
+
+
 def test_pack_sequences_positions():
     ids, pos, at = pack_sequences([[5, 6], [7, 8, 9]], torch.tensor([[1, 2, 3], [4, 0, 0]]))
     assert ids.tolist() == [[5, 6, 1, 2, 3, 0], [7, 8, 9, 4, 0, 0]]
@@ -120,7 +126,11 @@ def test_token_stats_and_train_step_equal_transformers(tp1):
 
 @needs_megatron
 @pytest.mark.slow
-def test_tp2_equals_tp1(tp1, tp2):
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_tp2_equals_tp1(kind, request):
+    tp1, tp2 = (request.getfixturevalue("tp1"), request.getfixturevalue("tp2")) if kind == "qwen2" else \
+        (request.getfixturevalue("qwen3_tp")[1], request.getfixturevalue("qwen3_tp")[2])
+    assert tp2["spread"] == 0.0  # the replicated norm weights (q/k norms included) stay equal over TP ranks
     m = mp_workers.tiny_batch().loss_mask
     for key in ("log_probs", "entropy"):
         assert (tp2[key] - tp1[key])[m].abs().max() < 1e-5, key
