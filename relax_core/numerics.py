@@ -132,8 +132,20 @@ def _as_denominator(n: Any, like: Tensor) -> Tensor:
 
 
 def token_metric_mean(x: Tensor, mask: Tensor, num_tokens: float | Tensor | None = None) -> Tensor:
-    """Masked token mean of a per-token metric, detached (``num_tokens``: global count)."""
-    return reduce_loss(x.detach().to(torch.float32), mask, "token-mean", num_tokens=num_tokens)
+    """Masked token mean Σ m·x / N of a per-token metric, detached, float32 0-dim.
+
+    Args:
+        x: ``[B, T]`` metric; **finite at masked positions** (their values are ignored), as
+            the token-metric contract asks, so one multiply-and-sum pass suffices (no
+            ``where``).
+        mask: bool ``[B, T]``, or the same mask as float32 0/1 (computed once by a caller
+            that reduces several metrics).
+        num_tokens: N, the global batch's valid tokens (default: the mask's count).
+    """
+    with torch.no_grad():
+        m = mask.to(torch.float32)
+        s = (x.detach().to(torch.float32) * m).sum()
+        return s / _as_denominator(m.sum() if num_tokens is None else num_tokens, s)
 
 
 # --------------------------------------------------------------------------- groups
@@ -312,22 +324,24 @@ def kl_estimate(log_probs: Tensor, ref_log_probs: Tensor, kind: str, *, mask: Te
 # --------------------------------------------------------------------------- returns
 
 
-def discounted_cumsum(x: Tensor, discount: float, *, chunk: int = 128) -> Tensor:
+def discounted_cumsum(x: Tensor, discount: float, *, chunk: int = 32) -> Tensor:
     """Reverse discounted cumulative sum along the last dim: y_t = Σ_{u≥t} discount^(u−t) x_u.
 
     The recurrence y_t = x_t + discount·y_{t+1} (y_T = 0) of returns and of GAE
-    (Schulman et al. 2016, eq. 16).  discount = 1: a reversed ``cumsum``.  Otherwise a
+    (Schulman et al. 2016, eq. 16).  discount = 1: the total minus a ``cumsum``.  Otherwise a
     chunked scan: inside each chunk of ``chunk`` positions a matrix product with
     M[i, j] = discount^(j−i) (j ≥ i), then the carry between chunks by the same scan over
     the chunks' first entries with discount^chunk (recursively).  No Python loop over
     positions; powers never exceed ``chunk`` so nothing overflows for discount < 1.
     Accuracy in float32 (tests, T = 8192 against a float64 loop): a few ulps of the
-    output's scale (5e-7 at discount 0.98 and |y| ≈ 1, 9e-6 at discount 0.9999 and |y| ≈ 28).
+    largest partial sum (5e-7 at discount 0.98 and |y| ≈ 1, 9e-6 at discount 0.9999 and
+    |y| ≈ 28).
 
     Args:
         x: float ``[..., T]`` (the output keeps x's dtype).
         discount: in [0, 1].
-        chunk: positions per chunk (≥ 2; the recursion depth is log_chunk(T)).
+        chunk: positions per chunk (≥ 2; the recursion depth is log_chunk(T); 32 is the
+            fastest of 16–128 at T = 1024 on one CPU thread).
 
     Returns:
         ``[..., T]`` of x's dtype.
@@ -342,11 +356,14 @@ def discounted_cumsum(x: Tensor, discount: float, *, chunk: int = 128) -> Tensor
     t = x.shape[-1]
     if t == 0:
         return x.clone()
-    if discount == 1.0:
-        return x.flip(-1).cumsum(-1).flip(-1)
+    if discount == 1.0:  # y_t = Σ_u x_u − Σ_{u≤t} x_u + x_t: one allocation, no flips
+        c = x.cumsum(-1)
+        total = c[..., -1:].clone()
+        return c.neg_().add_(total).add_(x)
     k = min(chunk, t)
     n = -(-t // k)
-    xc = torch.nn.functional.pad(x, (0, n * k - t)).reshape(*x.shape[:-1], n, k)  # [..., n, k]
+    padded = x if n * k == t else torch.nn.functional.pad(x, (0, n * k - t))
+    xc = padded.reshape(*x.shape[:-1], n, k)  # [..., n, k]
     pos = torch.arange(k, device=x.device)
     e = pos[None, :] - pos[:, None]  # [k, k] j − i
     d = torch.tensor(discount, dtype=x.dtype, device=x.device)
@@ -368,7 +385,7 @@ def last_valid_index(mask: Tensor) -> Tensor:
     Returns:
         long ``[B]``; T − 1 on a row with no True (callers mask that row's outputs).
     """
-    return mask.shape[-1] - 1 - mask.flip(-1).to(torch.uint8).argmax(-1)
+    return mask.shape[-1] - 1 - mask.flip(-1).view(torch.uint8).argmax(-1)
 
 
 # --------------------------------------------------------------------------- distributed helpers

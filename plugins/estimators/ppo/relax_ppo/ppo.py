@@ -92,18 +92,17 @@ def gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, gamma: float, lambd:
     mask = loss_mask.bool()
     v = masked_fill_zero(values.detach().to(torch.float32), mask)  # [B, T] V, 0 at masked positions
     r = rewards.detach().to(torch.float32)[:, None]  # [B, 1]
-    zero = torch.zeros((), dtype=torch.float32, device=v.device)
     if gamma * lambd == 1.0:
-        return torch.where(mask, r - v, zero), torch.where(mask, r, zero)
+        masked = ~mask
+        return (r - v).masked_fill_(masked, 0.0), r.expand_as(v).masked_fill(masked, 0.0)
     if mask.shape[-1] == 0:
         return v, v.clone()
-    n = mask.sum(-1)  # [B] valid tokens
-    last = last_valid_index(mask)  # [B]
-    first = mask.to(torch.uint8).argmax(-1)  # [B]
-    if bool(((last - first + 1 == n) | (n == 0)).all()):  # one block per row: no packing
-        return _gae_block(r, v, mask, last, gamma, lambd)
+    starts = torch.count_nonzero(mask[:, 1:] > mask[:, :-1], -1) + mask[:, 0]  # [B] blocks of valid tokens
+    if bool((starts <= 1).all()):  # the usual case: no packing
+        return _gae_block(r, v, mask, last_valid_index(mask), gamma, lambd)
     dest, packed_valid = pack_valid(mask)  # [B, T]
     vp = torch.zeros_like(v).scatter(1, dest, v)  # [B, T] packed V, 0 past the last valid token
+    n = torch.count_nonzero(mask, -1)  # [B]
     adv_p, ret_p = _gae_block(r, vp, packed_valid, (n - 1).clamp(min=0), gamma, lambd)
     return adv_p.gather(1, dest), ret_p.gather(1, dest)  # masked slots come from packed zeros
 
@@ -126,7 +125,7 @@ def _gae_block(r: Tensor, v: Tensor, mask: Tensor, last: Tensor, gamma: float,
     delta = v.neg()  # [B, T]
     delta[:, :-1].add_(v[:, 1:], alpha=gamma)
     delta.scatter_add_(1, last[:, None], r)
-    adv = masked_fill_zero(discounted_cumsum(delta, gamma * lambd), mask)
+    adv = discounted_cumsum(delta, gamma * lambd).masked_fill_(~mask, 0.0)
     return adv, adv + v
 
 

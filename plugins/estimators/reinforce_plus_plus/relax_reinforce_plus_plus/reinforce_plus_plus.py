@@ -30,12 +30,18 @@ import torch
 from torch import Tensor
 
 from relax_core.contracts import AdvantageInput, AdvantageOutput, PolicyLossInput, PolicyLossOutput
-from relax_core.numerics import discounted_cumsum, kl_estimate, masked_fill_zero, masked_mean, masked_normalize
+from relax_core.numerics import (discounted_cumsum, kl_estimate, last_valid_index, masked_fill_zero, masked_mean,
+                                 masked_normalize)
 from relax_core.policy import ppo_clip_loss
 
 
 def shaped_returns(rewards: Tensor, kl: Tensor, loss_mask: Tensor, kl_coef: float, gamma: float) -> Tensor:
-    """Token returns G of the KL-shaped reward (module docstring), vectorised, float64 inside.
+    """Token returns G of the KL-shaped reward (module docstring), vectorised, float32.
+
+    One reverse discounted cumsum over the padded rows
+    (:func:`relax_core.numerics.discounted_cumsum`; γ = 1: a ``cumsum``); no packing, as the
+    discount runs over masked positions too.
+    Accuracy (tests, T = 8192 against a float64 loop): a few ulps of the output's scale.
 
     Args:
         rewards: float ``[B]`` R_i (finite on rows with a valid token).
@@ -53,13 +59,11 @@ def shaped_returns(rewards: Tensor, kl: Tensor, loss_mask: Tensor, kl_coef: floa
     mask [1, 0, 1], β = 0.1, γ = 0.5 → [0.20625, 0, 1.025].
     """
     mask = loss_mask.bool()
-    f64 = torch.float64
-    pos = torch.arange(mask.shape[-1], device=mask.device)
-    last = torch.where(mask, pos, -1).amax(-1, keepdim=True) if mask.shape[-1] else pos[None]  # [B, 1]
-    zero = torch.zeros((), dtype=f64, device=mask.device)
-    r = masked_fill_zero(-kl_coef * kl.detach().to(f64), mask)  # [B, T]
-    r = r + torch.where(pos == last, rewards.detach().to(f64)[:, None], zero)
-    return masked_fill_zero(discounted_cumsum(r, gamma), mask).to(torch.float32)
+    if mask.shape[-1] == 0:
+        return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    r = masked_fill_zero(kl.detach().to(torch.float32), mask).mul_(-kl_coef)  # [B, T]
+    r.scatter_add_(1, last_valid_index(mask)[:, None], rewards.detach().to(torch.float32)[:, None])
+    return discounted_cumsum(r, gamma).masked_fill_(~mask, 0.0)
 
 
 @dataclass(frozen=True)
