@@ -14,7 +14,9 @@ The backward recomputes each chunk's logits and applies the analytic gradients
     ∂ log p_y / ∂z_j = 1[j = y] − p_j
     ∂ H / ∂z_j       = −p_j (z_j − Σ_v p_v z_v)
 
-then ``∂z/∂h = β W``, ``∂z/∂W = β h``, ``∂z/∂c = β``.  Memory is O(chunk × V) instead of
+then ``∂z/∂h = β W``, ``∂z/∂W = β h``, ``∂z/∂c = β``, with ``p = exp(z − logsumexp(z))``
+from the ``logsumexp`` saved by the forward.  An output that does not reach the loss (the
+entropy when it is only a metric) gets no gradient term.  Memory is O(chunk × V) instead of
 O(N × V).  Computation is in float32 (float64 when the weights are float64) with autocast
 off, whatever the dtype of ``h``.
 """
@@ -39,54 +41,60 @@ def _logits(h: Tensor, w: Tensor, b: Tensor | None, beta: float, dt: torch.dtype
 class _TokenLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, w, b, targets, top_ids, beta, chunk, want_entropy):
+        ctx.set_materialize_grads(False)  # an output outside the loss gets None, not zeros
         dt = _compute_dtype(h, w)
         n = h.shape[0]
         logp = torch.empty(n, dtype=dt, device=h.device)
+        lse = torch.empty(n, dtype=dt, device=h.device)
         ent = torch.empty(n, dtype=dt, device=h.device) if want_entropy else None
         top = torch.empty(tuple(top_ids.shape), dtype=dt, device=h.device) if top_ids is not None else None
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, n, chunk):
                 e = min(n, s + chunk)
                 z = _logits(h[s:e], w, b, beta, dt)  # [c, V]
-                lse = z.logsumexp(-1)  # [c]
-                logp[s:e] = z.gather(1, targets[s:e, None]).squeeze(1) - lse
+                lse[s:e] = z.logsumexp(-1)
+                logp[s:e] = z.gather(1, targets[s:e, None]).squeeze(1) - lse[s:e]
                 if ent is not None:
-                    ent[s:e] = lse - (z.softmax(-1) * z).sum(-1)
+                    p = (z - lse[s:e, None]).exp_()  # softmax(z), [c, V]
+                    ent[s:e] = lse[s:e] - (p[:, None, :] @ z[:, :, None]).flatten()
                 if top is not None:
-                    top[s:e] = z.gather(1, top_ids[s:e]) - lse[:, None]
-        ctx.save_for_backward(h, w, b, targets, top_ids)
+                    top[s:e] = z.gather(1, top_ids[s:e]) - lse[s:e, None]
+        ctx.save_for_backward(h, w, b, targets, top_ids, lse)
         ctx.beta, ctx.chunk, ctx.dt = beta, chunk, dt
         return logp, ent, top
 
     @staticmethod
     def backward(ctx, g_logp, g_ent, g_top):
-        h, w, b, targets, top_ids = ctx.saved_tensors
+        h, w, b, targets, top_ids, lse = ctx.saved_tensors
         beta, chunk, dt = ctx.beta, ctx.chunk, ctx.dt
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = torch.zeros(w.shape, dtype=dt, device=w.device) if need_w else None
         grad_b = torch.zeros(b.shape, dtype=dt, device=b.device) if need_b and b is not None else None
+        if g_top is None or top_ids is None:
+            g_top = None
         with torch.autocast(h.device.type, enabled=False):
             wd = w.to(dt)
             for s in range(0, h.shape[0], chunk):
                 e = min(h.shape[0], s + chunk)
                 hc = h[s:e].to(dt)
                 z = _logits(h[s:e], w, b, beta, dt)  # [c, V]
-                p = z.softmax(-1)
-                coef = torch.zeros(e - s, dtype=dt, device=h.device)  # total weight of "−p" terms
-                gz = torch.zeros_like(z)
+                p = (z - lse[s:e, None]).exp_()  # softmax(z), [c, V]
+                # ∂/∂z = (one-hot terms) − p·(Σ g_logp + Σ g_top + g_ent·(z − Σ p z)); gz is built in z's storage
+                coef = torch.zeros(e - s, 1, dtype=dt, device=h.device)  # total weight of the "−p" terms
                 if g_logp is not None:
-                    g = g_logp[s:e].to(dt)
-                    coef += g
-                    gz.scatter_add_(1, targets[s:e, None], g[:, None])
-                if g_top is not None and top_ids is not None:
-                    g = g_top[s:e].to(dt)  # [c, k]
-                    coef += g.sum(-1)
-                    gz.scatter_add_(1, top_ids[s:e], g)
-                gz -= p * coef[:, None]
+                    coef += g_logp[s:e].to(dt)[:, None]
+                if g_top is not None:
+                    coef += g_top[s:e].to(dt).sum(-1, keepdim=True)
                 if g_ent is not None:
-                    ez = (p * z).sum(-1, keepdim=True)
-                    gz -= g_ent[s:e].to(dt)[:, None] * p * (z - ez)
+                    ez = p[:, None, :] @ z[:, :, None]  # Σ_v p_v z_v, [c, 1, 1]
+                    gz = z.sub_(ez.flatten(1)).mul_(g_ent[s:e].to(dt)[:, None]).add_(coef).mul_(p).neg_()
+                else:
+                    gz = p.mul_(coef).neg_()
+                if g_logp is not None:
+                    gz.scatter_add_(1, targets[s:e, None], g_logp[s:e].to(dt)[:, None])
+                if g_top is not None:
+                    gz.scatter_add_(1, top_ids[s:e], g_top[s:e].to(dt))
                 gz *= beta
                 if need_h:
                     grad_h[s:e] = (gz @ wd).to(h.dtype)

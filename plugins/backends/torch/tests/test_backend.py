@@ -46,6 +46,29 @@ def test_token_log_probs_gradients_match_autograd(dtype):
             (hid, w, b))
 
 
+@pytest.mark.parametrize("used", ["logp", "entropy", "top", "logp+entropy.detach"])
+def test_token_log_probs_gradient_of_a_subset_of_outputs(used):
+    """Outputs that do not reach the loss (the entropy when it is only a metric) add no
+    gradient term: the gradient equals plain autograd's on the outputs used."""
+    torch.manual_seed(1)
+    n, h, v, k = 7, 4, 11, 2
+    hid = torch.randn(n, h, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(v, h, dtype=torch.float64, requires_grad=True)
+    y, ids = torch.randint(0, v, (n,)), torch.randint(0, v, (n, k))
+    lp, ent, top = token_log_probs(hid, w, y, top_ids=ids, entropy=True, chunk=3)
+    ls = (hid @ w.T).log_softmax(-1)
+    ref = {"logp": ls.gather(1, y[:, None]).squeeze(1), "entropy": -(ls.exp() * ls).sum(-1), "top": ls.gather(1, ids)}
+    mine = {"logp": lp, "entropy": ent, "top": top}
+    if used == "logp+entropy.detach":  # the trainer's case with --entropy-coef 0
+        g = torch.randn(n, dtype=torch.float64)
+        loss, want = (lp * g).sum() + 0.0 * ent.detach().sum(), (ref["logp"] * g).sum()
+    else:
+        g = torch.randn(mine[used].shape, dtype=torch.float64)
+        loss, want = (mine[used] * g).sum(), (ref[used] * g).sum()
+    for a, r in zip(torch.autograd.grad(loss, (hid, w)), torch.autograd.grad(want, (hid, w))):
+        torch.testing.assert_close(a, r, atol=1e-12, rtol=0)
+
+
 def test_forward_equals_per_sample_reference(backend):
     batch = make_batch()
     out = backend.forward(batch, role="actor", entropy=True, top_k=True)
