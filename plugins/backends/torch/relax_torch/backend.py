@@ -310,7 +310,11 @@ class TorchBackend:
         already divided by the global denominators, so backward simply sums the
         micro-batches.  Optional attributes of ``loss_fn``: ``needs_entropy`` (default
         ``True``) and ``needs_top_k`` (default: ``setup(needs_top_k=...)``).  A micro-batch
-        with a non-finite loss is not backpropagated.
+        with a non-finite loss is not backpropagated.  Under data parallelism every rank
+        runs the same number of micro-batches (the largest of the ranks': token packing can
+        give ranks different counts, and a loss with a collective per micro-batch, such as
+        m2po's ``--m2po-stat-scope global``, would wait forever), by splitting its largest
+        micro-batches (:func:`split_to_count`).
 
         Returns:
             ``{"sums": loss and metrics summed over micro-batches, "bad": names of
@@ -322,6 +326,11 @@ class TorchBackend:
         entropy = bool(getattr(loss_fn, "needs_entropy", True)) and role == "actor"
         top_k = bool(getattr(loss_fn, "needs_top_k", self.needs_top_k)) and role == "actor"
         bounds = self.micro_batches(batch)
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            count = torch.tensor([len(bounds)], device=self.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            bounds = split_to_count(bounds, int(count.item()))
         sums: dict[str, float] = {"loss": 0.0}
         bad: set[str] = set()
         model.train()
@@ -349,7 +358,6 @@ class TorchBackend:
         for q in params:
             if q.grad is None:
                 q.grad = torch.zeros_like(q)
-        dist = torch.distributed
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             for q in params:
                 dist.all_reduce(q.grad)  # sum: the losses carry global denominators
@@ -454,6 +462,26 @@ class TorchBackend:
             critic.backbone.save_pretrained(Path(path) / "critic")
             save_file({k: v.contiguous() for k, v in critic.value_head.state_dict().items()},
                       str(Path(path) / "critic" / "value_head.safetensors"))
+
+
+def split_to_count(bounds: list[tuple[int, int]], count: int) -> list[tuple[int, int]]:
+    """Split the largest ``[lo, hi)`` sample ranges in half until there are ``count`` of them
+    (order kept; each range keeps at least one sample, so it only gets smaller).
+
+    Raises:
+        ValueError: ``count`` exceeds the number of samples (the ranks' shares differ).
+    """
+    out = list(bounds)
+    while len(out) < count:
+        i = max(range(len(out)), key=lambda j: out[j][1] - out[j][0], default=None)
+        if i is None or out[i][1] - out[i][0] < 2:
+            n = sum(hi - lo for lo, hi in bounds)
+            raise ValueError(f"cannot run {count} micro-batches on {n} samples: the data-parallel ranks "
+                             "were given different numbers of samples")
+        lo, hi = out[i]
+        mid = (lo + hi + 1) // 2
+        out[i:i + 1] = [(lo, mid), (mid, hi)]
+    return out
 
 
 def _last_column(mask: Tensor) -> Tensor:

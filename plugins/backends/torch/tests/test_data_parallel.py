@@ -58,3 +58,59 @@ def test_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path):
         assert r["metrics"]["grad_norm"] == pytest.approx(m["grad_norm"], rel=1e-10)
         for k, v in be.models["actor"].state_dict().items():
             torch.testing.assert_close(r["weights"][k], v, atol=1e-12, rtol=0, msg=k)
+
+
+def test_split_to_count_splits_the_largest_ranges_in_order():
+    from relax_torch.backend import split_to_count
+
+    assert split_to_count([(0, 5), (5, 6)], 2) == [(0, 5), (5, 6)]
+    assert split_to_count([(0, 5), (5, 6)], 3) == [(0, 3), (3, 5), (5, 6)]
+    assert split_to_count([(0, 4)], 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert split_to_count([], 0) == []
+    with pytest.raises(ValueError, match="different numbers of samples"):
+        split_to_count([(0, 2)], 3)
+
+
+class CollectiveLoss(PGLoss):
+    """PGLoss plus an all-reduce per micro-batch (as m2po's global statistic does)."""
+
+    def __call__(self, mb, out):
+        import torch.distributed as dist
+
+        n = torch.tensor([float(mb.loss_mask.sum())])
+        dist.all_reduce(n)
+        return super().__call__(mb, out)
+
+
+def _packed_worker(rank, world, init_file, model_dir, out_dir):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        batch = make_batch(seed=11, b=4)
+        if rank == 1:  # one-token prompts and responses: fewer packed micro-batches than rank 0
+            mask = torch.zeros_like(batch.loss_mask)
+            mask[:, 0] = True
+            batch = type(batch)(prompt_ids=[[5]] * 4, response_ids=torch.where(mask, 7, 10**9), loss_mask=mask,
+                                tensors={"advantages": torch.ones(4, 6, dtype=torch.float64),
+                                         "top_k_ids": batch.tensors["top_k_ids"]})
+        be = make_backend(model_dir, lr=0.01, max_tokens_per_micro_batch=14)
+        local = len(be.micro_batches(batch))
+        acc = be.accumulate_gradients(batch, CollectiveLoss(100.0))
+        torch.save({"local": local, "ran": acc["micro_batches"]}, os.path.join(out_dir, f"packed{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_token_packed_ranks_run_the_same_number_of_micro_batches(tiny_model_dir, tmp_path):
+    """Without equal counts the rank with fewer micro-batches would leave the other waiting
+    in its per-micro-batch collective forever."""
+    world = 2
+    mp.start_processes(_packed_worker, args=(world, str(tmp_path / "init"), str(tiny_model_dir), str(tmp_path)),
+                       nprocs=world, join=True, start_method="spawn")
+    r0, r1 = (torch.load(tmp_path / f"packed{r}.pt", weights_only=True) for r in range(world))
+    assert r0["local"] > r1["local"]  # the setup really differs
+    assert r0["ran"] == r1["ran"] == r0["local"]
