@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from relax_core.numerics import discounted_cumsum
+from relax_core.numerics import discounted_cumsum, last_valid_index
 
 
 def _sequential(x, d):
@@ -50,3 +50,48 @@ def test_empty_and_gradient_and_errors():
         discounted_cumsum(torch.zeros(3), 1.5)
     with pytest.raises(ValueError, match="chunk"):
         discounted_cumsum(torch.zeros(3), 0.5, chunk=1)
+
+
+def _sequential_f64(x, d):
+    """float64 loop over positions, on numpy (fast enough for T = 8192)."""
+    import numpy as np
+
+    xs = x.double().numpy()
+    y = np.zeros_like(xs)
+    acc = np.zeros(xs.shape[:-1])
+    for t in reversed(range(xs.shape[-1])):
+        acc = xs[..., t] + d * acc
+        y[..., t] = acc
+    return torch.from_numpy(y)
+
+
+@pytest.mark.parametrize("d", [0.99 * 0.99, 0.9999, 1.0])
+def test_float32_long_sequence_accuracy(d):
+    # T = 8192 float32 against a float64 loop: within a few ulps of the largest partial sum
+    g = torch.Generator().manual_seed(3)
+    v = torch.rand(3, 8192, generator=g)
+    x = 0.99 * torch.nn.functional.pad(v[:, 1:], (0, 1)) - v  # GAE-like δ: cancelling terms
+    x[:, -1] += 1.0
+    ref = _sequential_f64(x, d)
+    y = discounted_cumsum(x, d)
+    assert y.dtype == torch.float32
+    scale = float(ref.abs().max()) if d < 1 else float(x.double().cumsum(-1).abs().max() + ref.abs().max())
+    assert float((y.double() - ref).abs().max()) <= 16 * torch.finfo(torch.float32).eps * max(scale, 1.0)
+
+
+@pytest.mark.parametrize("t,d,chunk", [(1024, 0.9, 32), (2048, 0.95, 8), (300, 1.0, 32), (7, 1.0, 2)])
+def test_gradient_exact_multiples_and_discount_one(t, d, chunk):
+    # T a multiple of the chunk (no padding copy, several recursion levels) and the cumsum form
+    g = torch.Generator().manual_seed(t)
+    x = torch.randn(2, t, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(2, t, dtype=torch.float64, generator=g)
+    y = discounted_cumsum(x, d, chunk=chunk)
+    torch.testing.assert_close(y, _sequential(x.detach(), d), atol=1e-9, rtol=1e-9)
+    (y * w).sum().backward()
+    torch.testing.assert_close(x.grad, _sequential(w.flip(-1), d).flip(-1))  # Σ_{t≤u} d^(u−t) w_t
+
+
+def test_last_valid_index():
+    mask = torch.tensor([[1, 1, 0, 0], [0, 1, 0, 1], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 1, 0]], dtype=torch.bool)
+    assert last_valid_index(mask).tolist() == [1, 3, 3, 3, 2]  # empty row: T − 1
+    assert last_valid_index(torch.zeros(0, 5, dtype=torch.bool)).shape == (0,)

@@ -97,6 +97,125 @@ def test_gae_bfloat16_values_and_empty_batch():
     assert adv.shape == (1, 0)
 
 
+def test_gae_block_path_hand_values_prefix_and_left_padded():
+    # mask [1, 1, 1, 0], V = [0.5, 0.25, 0.5, (9)], R = 1, γ = 0.9, λ = 0.5 (γλ = 0.45):
+    # δ = [0.9·0.25 − 0.5, 0.9·0.5 − 0.25, 1 − 0.5] = [−0.275, 0.2, 0.5]
+    # Â = [−0.275 + 0.45·0.425, 0.2 + 0.45·0.5, 0.5] = [−0.08375, 0.425, 0.5]; R̂ = Â + V
+    mask = torch.tensor([[1, 1, 1, 0], [0, 1, 1, 1]], dtype=torch.bool)
+    values = torch.tensor([[0.5, 0.25, 0.5, 9.0], [7.0, 0.5, 0.25, 0.5]])  # row 1: the same block, left-padded
+    adv, ret = gae(torch.tensor([1.0, 1.0]), values, mask, gamma=0.9, lambd=0.5)
+    expected = torch.tensor([-0.08375, 0.425, 0.5])
+    torch.testing.assert_close(adv, torch.stack([torch.cat([expected, torch.zeros(1)]), torch.cat([torch.zeros(1), expected])]))
+    torch.testing.assert_close(ret[0, :3], torch.tensor([0.41625, 0.675, 1.0]))
+    torch.testing.assert_close(ret[1, 1:], torch.tensor([0.41625, 0.675, 1.0]))
+    assert ret[0, 3] == 0 and ret[1, 0] == 0
+
+
+def test_gae_closed_form_at_gamma_lambda_one_with_a_hole():
+    # γ = λ = 1: the δ telescope over the valid tokens, Â_t = R − V_t, R̂_t = R
+    mask = torch.tensor([[1, 0, 1]], dtype=torch.bool)
+    adv, ret = gae(torch.tensor([2.0]), torch.tensor([[0.3, 99.0, 0.1]]), mask, 1.0, 1.0)
+    torch.testing.assert_close(adv, torch.tensor([[1.7, 0.0, 1.9]]))
+    torch.testing.assert_close(ret, torch.tensor([[2.0, 0.0, 2.0]]))
+
+
+def _masks_without_holes(B, T, g):
+    """Prefix masks, left-padded and interior blocks, an empty and a full row."""
+    start = torch.randint(0, T // 3, (B,), generator=g)
+    start[: B // 2] = 0  # prefixes
+    end = start + torch.randint(0, T - T // 3, (B,), generator=g)
+    pos = torch.arange(T)
+    mask = (pos >= start[:, None]) & (pos <= end[:, None])
+    mask[1] = False
+    mask[2] = True
+    return mask
+
+
+def test_gae_no_holes_skips_packing_and_equals_the_packed_path(monkeypatch):
+    import relax_ppo.ppo as ppo_mod
+
+    g = torch.Generator().manual_seed(4)
+    B, T = 12, 100
+    mask = _masks_without_holes(B, T, g)
+    values, rewards = torch.randn(B, T, generator=g), torch.randn(B, generator=g)
+    calls = []
+    monkeypatch.setattr(ppo_mod, "pack_valid", lambda m: calls.append(1) or pack_valid(m))
+    fast = gae(rewards, values, mask, 0.99, 0.95)
+    assert calls == []  # no holes: the block path
+    # one extra row with a hole sends the whole batch through the packed path; rows are independent
+    holey = torch.ones(1, T, dtype=torch.bool)
+    holey[0, 40:45] = False
+    packed = gae(torch.cat([rewards, torch.ones(1)]), torch.cat([values, torch.randn(1, T, generator=g)]),
+                 torch.cat([mask, holey]), 0.99, 0.95)
+    assert calls == [1]
+    for f, p in zip(fast, packed):
+        torch.testing.assert_close(f, p[:B], atol=1e-6, rtol=1e-6)
+    ref_adv, ref_ret = _gae_sequential(rewards, values, mask, 0.99, 0.95)
+    torch.testing.assert_close(fast[0].double(), ref_adv, atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(fast[1].double(), ref_ret, atol=2e-6, rtol=2e-6)
+
+
+def _gae_sequential_f64(rewards, values, mask, gamma, lambd):
+    """The same loop as :func:`_gae_sequential` on numpy float64 (fast enough for T = 8192)."""
+    import numpy as np
+
+    v, m = values.double().numpy(), mask.numpy()
+    adv = np.zeros(v.shape)
+    for i in range(v.shape[0]):
+        a_next, v_next, r = 0.0, 0.0, float(rewards[i])
+        for t in np.flatnonzero(m[i])[::-1]:
+            a_next = r + gamma * v_next - v[i, t] + gamma * lambd * a_next
+            adv[i, t], v_next, r = a_next, v[i, t], 0.0
+    return torch.from_numpy(adv), torch.from_numpy(np.where(m, adv + v, 0.0))
+
+
+@pytest.mark.parametrize("gamma,lambd", [(0.99, 0.99), (1.0, 1.0)])
+def test_gae_long_sequences_float32_accuracy(gamma, lambd):
+    g = torch.Generator().manual_seed(6)
+    B, T = 3, 8192
+    mask = torch.arange(T)[None, :] < torch.tensor([[T], [T - 1000], [5000]])
+    values, rewards = torch.rand(B, T, generator=g), torch.tensor([1.0, 0.0, -1.0])
+    holey = mask.clone()
+    holey[0, 100:200] = False  # the packed path
+    for m in (mask, holey):
+        adv, ret = gae(rewards, values, m, gamma, lambd)
+        ref_adv, ref_ret = _gae_sequential_f64(rewards, values, m, gamma, lambd)
+        # a few float32 ulps of |Â| + |V| (≲ 2 here)
+        assert float((adv.double() - ref_adv).abs().max()) < 2e-6
+        assert float((ret.double() - ref_ret).abs().max()) < 2e-6
+
+
+@pytest.mark.parametrize("gamma,lambd", [(1.0, 1.0), (0.99, 0.95)])
+@pytest.mark.parametrize("holes", [False, True])
+def test_gae_garbage_and_bfloat16_on_every_path(gamma, lambd, holes):
+    g = torch.Generator().manual_seed(2)
+    B, T = 6, 50
+    mask = _masks_without_holes(B, T, g)
+    if holes:
+        mask[0, 10:12] = False
+    values, rewards = torch.randn(B, T, generator=g), torch.randn(B, generator=g)
+    rewards[1] = float("nan")  # an empty row may carry anything
+    clean = gae(rewards, values, mask, gamma, lambd)
+    assert not clean[0].requires_grad and torch.isfinite(clean[0]).all() and (clean[0][1] == 0).all()
+    for junk in (float("nan"), 1e9, -float("inf")):
+        dirty = gae(rewards, torch.where(mask, values, torch.full_like(values, junk)), mask, gamma, lambd)
+        for a, b in zip(clean, dirty):
+            assert torch.equal(a, b)
+    v16 = values.to(torch.bfloat16)
+    low = gae(rewards, v16, mask, gamma, lambd)
+    ref = gae(rewards, v16.float(), mask, gamma, lambd)  # bfloat16 values are read exactly
+    for a, b in zip(low, ref):
+        assert a.dtype == torch.float32 and torch.equal(a, b)
+
+
+def test_gae_empty_shapes_on_the_scan_paths():
+    for gamma, lambd in ((0.99, 0.95), (0.5, 1.0)):
+        adv, ret = gae(torch.zeros(0), torch.zeros(0, 4), torch.zeros(0, 4, dtype=torch.bool), gamma, lambd)
+        assert adv.shape == ret.shape == (0, 4)
+        adv, ret = gae(torch.tensor([2.0]), torch.zeros(1, 0), torch.zeros(1, 0, dtype=torch.bool), gamma, lambd)
+        assert adv.shape == ret.shape == (1, 0)
+
+
 def test_pack_valid_is_a_permutation_with_valid_tokens_first():
     mask = torch.tensor([[0, 1, 0, 1, 1], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     dest, packed_valid = pack_valid(mask)
