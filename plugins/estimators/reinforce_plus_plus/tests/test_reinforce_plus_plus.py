@@ -70,6 +70,53 @@ def test_returns_equal_sequential_reference(gamma):
     assert G.dtype == torch.float32 and G[3].abs().sum() == 0
 
 
+def _sequential_returns_f64(rewards, kl, mask, beta, gamma):
+    """:func:`_sequential_returns` on numpy float64 (fast enough for T = 8192)."""
+    import numpy as np
+
+    m = mask.numpy()
+    r = np.where(m, -beta * kl.double().numpy(), 0.0)
+    for i in range(m.shape[0]):
+        if m[i].any():
+            r[i, np.flatnonzero(m[i])[-1]] += float(rewards[i])
+    out, acc = np.zeros(r.shape), np.zeros(r.shape[0])
+    for t in reversed(range(r.shape[1])):
+        acc = r[:, t] + gamma * acc
+        out[:, t] = acc
+    return torch.from_numpy(np.where(m, out, 0.0))
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.99])
+def test_returns_long_sequences_float32_accuracy(gamma):
+    g = torch.Generator().manual_seed(8)
+    B, T = 3, 8192
+    mask = torch.arange(T)[None, :] < torch.tensor([[T], [T - 1000], [5000]])
+    mask[0, 100:200] = False  # a hole: the discount runs through it
+    kl = torch.randn(B, T, generator=g) * 0.5
+    rewards = torch.tensor([1.0, 0.0, -1.0])
+    G = shaped_returns(rewards, kl, mask, 0.05, gamma)
+    ref = _sequential_returns_f64(rewards, kl, mask, 0.05, gamma)
+    # a few float32 ulps of the largest partial sum of the shaped rewards
+    scale = float(ref.abs().max() + (0.05 * kl.double() * mask).cumsum(-1).abs().max())
+    assert float((G.double() - ref).abs().max()) <= 16 * torch.finfo(torch.float32).eps * max(scale, 1.0)
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_returns_garbage_empty_rows_and_shapes(gamma):
+    g = torch.Generator().manual_seed(9)
+    mask = torch.rand(4, 70, generator=g) < 0.7
+    mask[1] = False
+    kl, rewards = torch.randn(4, 70, generator=g), torch.randn(4, generator=g)
+    rewards[1] = NAN  # an empty row may carry anything
+    clean = shaped_returns(rewards, kl, mask, 0.1, gamma)
+    assert torch.isfinite(clean).all() and (clean[1] == 0).all()
+    torch.testing.assert_close(clean.double(), _sequential_returns_f64(rewards, kl, mask, 0.1, gamma), atol=1e-6, rtol=1e-6)
+    for junk in (NAN, 1e9, -float("inf")):
+        assert torch.equal(shaped_returns(rewards, torch.where(mask, kl, junk), mask, 0.1, gamma), clean)
+    assert shaped_returns(torch.zeros(0), torch.zeros(0, 3), torch.zeros(0, 3, dtype=torch.bool), 0.1, gamma).shape == (0, 3)
+    assert shaped_returns(torch.ones(2), torch.zeros(2, 0), torch.zeros(2, 0, dtype=torch.bool), 0.1, gamma).shape == (2, 0)
+
+
 # --------------------------------------------------------------------------- advantages
 
 
