@@ -32,10 +32,11 @@ def _compute_dtype(h: Tensor, w: Tensor) -> torch.dtype:
 
 
 def _logits(h: Tensor, w: Tensor, b: Tensor | None, beta: float, dt: torch.dtype) -> Tensor:
-    z = h.to(dt) @ w.to(dt).T
-    if b is not None:
-        z = z + b.to(dt)
-    return z * beta
+    """``β (h Wᵀ + c)`` as ``(β h) Wᵀ + β c``: β scales the ``[c, H]`` rows, not the ``[c, V]`` logits."""
+    h = h.to(dt) if beta == 1.0 else h.to(dt) * beta
+    if b is None:
+        return h @ w.to(dt).T
+    return torch.addmm(b.to(dt) if beta == 1.0 else b.to(dt) * beta, h, w.to(dt).T)
 
 
 class _TokenLogProbs(torch.autograd.Function):
