@@ -22,8 +22,9 @@ tokens are the valid tokens where PPO would clip: H = {A > 0, r > 1} ∪ {A < 0,
 
 The statistic is computed per call (one micro-batch) on this rank's tokens
 (``--m2po-stat-scope local``, as the spec), or over the harmful tokens of all ranks of
-``PolicyLossInput.process_group`` (``global``).  Sort-based: O(n log n), no Python loop,
-solver in float64 on the tensors' device.
+``PolicyLossInput.process_group`` (``global``).  Sort-based: O(n log n) in the number n of
+harmful tokens (only they are gathered and sorted), no Python loop, solver in float64 on the
+tensors' device.
 
 Scalar metrics (logged as ``train/<name>``): ``ppo_kl_m2_before`` = M2, ``ppo_kl_m2_after``
 (solver diagnostic before the floors), ``m2po_eps_low``, ``m2po_eps_high``.
@@ -69,7 +70,7 @@ def solve_bounds(delta_sq: Tensor, budget: float, miniclip_low: float, miniclip_
 
     Args:
         delta_sq: float ``[N]`` δ² of the harmful tokens; ``+inf`` marks a non-harmful slot
-            (so a flat ``[B·T]`` tensor can be passed without boolean indexing).
+            (the padding of :func:`gather_across`).
         budget: ``--m2po-kl2-budget`` (≥ 0); miniclip_low/high: the margin floors.
 
     Returns:
@@ -108,11 +109,20 @@ def solve_bounds(delta_sq: Tensor, budget: float, miniclip_low: float, miniclip_
 
 
 def harmful_delta_sq(log_ratio: Tensor, advantages: Tensor, loss_mask: Tensor) -> Tensor:
-    """δ² = (log r)² in float64 ``[B, T]`` at harmful valid tokens, ``+inf`` elsewhere."""
-    x = log_ratio.detach().to(torch.float64)
-    A = advantages.to(torch.float64)
+    """δ² = (log r)² of the harmful valid tokens, float64 ``[n]`` in row-major order.
+
+    The harmful test runs in the inputs' dtype (float32 from :func:`masked_log_ratio`; for a
+    float32 x, ``x > 1e-12`` there is exact), then only the n harmful entries are gathered
+    (a boolean index: one host sync on an accelerator) and squared in float64.
+
+    Args:
+        log_ratio: float ``[B, T]`` log r (detached here); advantages: float ``[B, T]`` A;
+        loss_mask: bool ``[B, T]``.
+    """
+    x = log_ratio.detach()
+    A = advantages.detach()
     harmful = loss_mask.bool() & (((A > TOL) & (x > TOL)) | ((A < -TOL) & (x < -TOL)))
-    return torch.where(harmful, x * x, torch.full((), float("inf"), dtype=x.dtype, device=x.device))
+    return x[harmful].to(torch.float64).square()
 
 
 def gather_across(t: Tensor, group: Any) -> Tensor:
@@ -153,7 +163,7 @@ def m2po_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss
     mask = loss_mask.bool()
     log_ratio = masked_log_ratio(log_probs, old_log_probs, mask)  # [B, T]
     A = masked_advantages(advantages, mask)
-    delta_sq = gather_across(harmful_delta_sq(log_ratio, A, mask).reshape(-1), process_group)
+    delta_sq = gather_across(harmful_delta_sq(log_ratio, A, mask), process_group)  # [n]
     b = solve_bounds(delta_sq, kl2_budget, miniclip_low, miniclip_high)
     loss, clipped = ppo_clip(torch.exp(log_ratio), A, b.eps_low.to(torch.float32), b.eps_high.to(torch.float32))
     zero = torch.zeros((), device=loss.device)

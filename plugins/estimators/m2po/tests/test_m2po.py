@@ -14,7 +14,7 @@ from relax_core.config import RunConfig, build_config
 from relax_core.contracts import AdvantageInput, PolicyLossInput
 from relax_core.plugins import default_registry
 from relax_core.validation import resolve
-from relax_m2po.m2po import m2po_loss, solve_bounds
+from relax_m2po.m2po import harmful_delta_sq, m2po_loss, solve_bounds
 
 TOL = 1e-12
 
@@ -145,6 +145,67 @@ def test_solver_matches_loop_reference_random():
             tau, after = _reference_solver(vals.tolist(), budget)
             assert float(b.tau) == pytest.approx(tau, rel=1e-9, abs=1e-12) or (math.isinf(tau) and math.isinf(float(b.tau)))
             assert float(b.m2_after) == pytest.approx(after, rel=1e-9, abs=1e-15)
+
+
+def _harmful_loop(x, A, m):
+    """δ² of the harmful valid tokens, one token at a time (row-major)."""
+    out = []
+    for i in range(x.shape[0]):
+        for t in range(x.shape[1]):
+            xv, a = float(x[i, t]), float(A[i, t])
+            if m[i, t] and ((a > TOL and xv > TOL) or (a < -TOL and xv < -TOL)):
+                out.append(xv * xv)
+    return out
+
+
+def test_harmful_delta_sq_gathers_only_the_harmful_tokens():
+    g = torch.Generator().manual_seed(11)
+    B, T = 6, 40
+    x = torch.randn(B, T, generator=g) * 0.3
+    x[0, :5] = torch.tensor([1e-13, -1e-13, 0.0, 2e-12, -2e-12])  # around the 1e-12 tolerance
+    A = torch.randn(B, generator=g)[:, None].expand(B, T).contiguous()
+    A[1] = 0.0  # zero advantage: never harmful
+    m = torch.rand(B, T, generator=g) < 0.4  # mostly masked
+    m[0, :5] = True
+    A[0] = 1.0
+    d = harmful_delta_sq(torch.where(m, x, 1e9), torch.where(m, A, 1e9), m)  # garbage in masked slots
+    ref = _harmful_loop(x, A, m)
+    assert d.dtype == torch.float64 and d.shape == (len(ref),) and 0 < len(ref) < m.sum() / 2
+    torch.testing.assert_close(d, torch.tensor(ref, dtype=torch.float64), rtol=0, atol=0)
+    assert float(d[0]) == float(torch.tensor(2e-12)) ** 2  # 1e-13 and 0 are not harmful
+
+
+@pytest.mark.parametrize("frac_masked", [0.0, 0.5, 0.95])
+def test_loss_band_matches_loop_reference_with_many_non_harmful_tokens(frac_masked):
+    g = torch.Generator().manual_seed(12)
+    B, T = 16, 64
+    old = -torch.rand(B, T, generator=g) * 2
+    x = torch.randn(B, T, generator=g) * 0.3
+    A = torch.randn(B, generator=g)[:, None].expand(B, T).contiguous()
+    A[: B // 2] = 0.0  # half the samples have no signal: no harmful token
+    m = torch.rand(B, T, generator=g) >= frac_masked
+    m[1] = False
+    lp = old + x
+    x32 = (lp - old) * m  # the float32 log-ratio the loss sees
+    vals = _harmful_loop(x32, A, m)
+    assert len(vals) < m.sum() / 2 + 1
+    for budget in (0.0, 0.3 * sum(vals) / max(len(vals), 1), 10.0):
+        out = m2po_loss(lp, old, A, m, kl2_budget=budget, miniclip_low=0.0, miniclip_high=0.0)
+        tau, after = _reference_solver(vals, budget)
+        el = 1.0 if math.isinf(tau) else 1 - math.exp(-tau)
+        eh = 1e5 - 1 if math.isinf(tau) else math.exp(tau) - 1
+        s = _scalars(out)
+        assert s["m2po_eps_low"] == pytest.approx(el, rel=1e-6, abs=1e-7)
+        assert s["m2po_eps_high"] == pytest.approx(eh, rel=1e-6, abs=1e-7)
+        assert s["ppo_kl_m2_after"] == pytest.approx(after, rel=1e-6, abs=1e-9)
+
+
+def test_solver_ignores_inf_padding_bit_for_bit():
+    g = torch.Generator().manual_seed(13)
+    d = (torch.randn(500, generator=g, dtype=torch.float64) * 0.4) ** 2
+    padded = torch.cat([d, torch.full((4000,), math.inf, dtype=torch.float64)])[torch.randperm(4500, generator=g)]
+    for budget in (0.0, 0.01, 0.05, 1.0):
+        assert [float(t) for t in solve_bounds(d, budget, 0.1, 0.1)] == [float(t) for t in solve_bounds(padded, budget, 0.1, 0.1)]
 
 
 def test_gradient_matches_formula_and_mask_is_inert():
