@@ -14,10 +14,15 @@ Per micro-batch the sequence of sample ``i`` is ``prompt_i ++ response_i`` (righ
 the logits at position ``P_i + t - 1`` give the distribution of response token ``t``.
 Causal attention makes the right padding invisible to real tokens.
 
+Pipeline parallel (``--pipeline-parallel-size``): each stage holds its layers and
+megatron-core's 1F1B schedule runs the micro-batches; the token statistics and the loss
+are computed on the last stage and its results broadcast to every stage.  Context parallel
+(``--context-parallel-size``, CUDA with Transformer Engine only): each rank runs the model
+on its load-balanced chunks of every sequence and the per-token statistics are gathered to
+the full ``[b, T]`` layout before the loss (:mod:`relax_megatron.parallel` says why).
+
 On CPU the shim of :mod:`relax_megatron.shim` is installed.  The optimizer is
-``torch.optim.AdamW`` on every device: Megatron's distributed optimizer, context
-parallelism and pipeline parallelism are not wired in yet (declared unsupported, so
-``--context-parallel-size``/``--pipeline-parallel-size`` > 1 are refused at startup).
+``torch.optim.AdamW`` on every device: Megatron's distributed optimizer is not wired in.
 """
 
 from __future__ import annotations
@@ -36,7 +41,23 @@ from torch import Tensor
 
 from relax_core.contracts import ForwardOutput, TrainBatch
 from relax_megatron import convert
+from relax_megatron.parallel import (allreduce_grads, allreduce_tied_embedding_grads, broadcast_from_last_stage,
+                                     cp_positions, group_sum, local_index, padded_length, run_pipeline)
 from relax_megatron.shim import install_cpu_shim, seed_tracker
+
+CP_NEEDS = ("--context-parallel-size > 1 needs CUDA and Transformer Engine: megatron-core 0.16.1 supports context "
+            "parallelism only in TEDotProductAttention (its local DotProductAttention asserts context_parallel_size == 1)")
+CP_FIX = "use --context-parallel-size 1, or run on CUDA with transformer_engine installed (pip install transformer_engine[pytorch])"
+
+
+def context_parallel_problem(cp: int, *, cuda: bool) -> str | None:
+    """Why ``cp`` context-parallel ranks cannot run here (``None`` if they can)."""
+    if cp == 1:
+        return None
+    missing = [what for what, ok in (("no CUDA device is visible", cuda),
+                                     ("transformer_engine is not installed",
+                                      importlib.util.find_spec("transformer_engine") is not None)) if not ok]
+    return f"{CP_NEEDS}; here {' and '.join(missing)}" if missing else None
 
 
 def _free_port() -> int:
@@ -45,12 +66,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_parallel(tp: int, *, seed: int, cuda: bool) -> None:
-    """Initialise torch.distributed (if the launcher has not) and Megatron's TP groups.
+def init_parallel(tp: int, *, pp: int = 1, cp: int = 1, seed: int, cuda: bool) -> None:
+    """Initialise torch.distributed (if the launcher has not) and Megatron's TP, PP and CP
+    groups (Megatron's rank order: TP fastest, then CP, then PP).
 
     Raises:
-        ValueError: the world size is not the tensor-parallel size (data parallelism is
-            not supported by this backend).
+        ValueError: the world size is not ``tp × cp × pp`` (data parallelism is not
+            supported by this backend).
     """
     from megatron.core import parallel_state as ps
 
@@ -62,13 +84,15 @@ def init_parallel(tp: int, *, seed: int, cuda: bool) -> None:
             dist.init_process_group(backend)
         else:
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    if dist.get_world_size() != tp:
-        raise ValueError(f"the megatron backend runs one process per tensor-parallel rank: world size "
-                         f"{dist.get_world_size()} != --tensor-parallel-size {tp} (data parallelism is not supported)")
+    if dist.get_world_size() != tp * cp * pp:
+        raise ValueError(f"the megatron backend runs one process per model-parallel rank: world size "
+                         f"{dist.get_world_size()} != tensor × context × pipeline parallel size {tp}×{cp}×{pp} "
+                         "(data parallelism is not supported)")
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                     context_parallel_size=cp)
     seed_tracker(seed, ps.get_tensor_model_parallel_rank())
 
 
@@ -147,12 +171,23 @@ def pack_sequences(prompt_ids: list[list[int]], response_ids: Tensor) -> tuple[T
     return ids, positions, at - 1
 
 
+def _pad_rows(mb: TrainBatch, size: int) -> TrainBatch:
+    """``mb`` with ``size − b`` masked copies of its last sample appended (``b <= size``)."""
+    k = size - mb.size
+    if k == 0:
+        return mb
+    rep = lambda t: torch.cat([t, t[-1:].expand(k, *t.shape[1:])])  # noqa: E731
+    return TrainBatch(prompt_ids=list(mb.prompt_ids) + [mb.prompt_ids[-1]] * k, response_ids=rep(mb.response_ids),
+                      loss_mask=torch.cat([mb.loss_mask, torch.zeros(k, *mb.loss_mask.shape[1:], dtype=mb.loss_mask.dtype)]),
+                      tensors={name: rep(t) for name, t in mb.tensors.items()})
+
+
 class MegatronBackend:
     """:class:`~relax_core.contracts.TrainBackend` on Megatron-core (actor and reference roles).
 
     Args:
         hf_config / hf_state_dict: the Hugging Face config and full weights of the actor.
-        tp: tensor-parallel size (= world size).
+        tp / pp / cp: tensor-, pipeline- and context-parallel sizes (world size = tp·pp·cp).
         temperature: ``--rollout-temperature`` (1 when 0); log-probs, entropy and top-k
             log-probs are those of ``softmax(z / τ)``, like the torch backend's.
         ref_loader: ``() -> HF state dict`` of the reference model, called by
@@ -164,7 +199,8 @@ class MegatronBackend:
         Other arguments: the run's optimizer and batching flags.
     """
 
-    def __init__(self, hf_config: Any, hf_state_dict: dict[str, Tensor], *, tp: int = 1, lr: float = 1e-5,
+    def __init__(self, hf_config: Any, hf_state_dict: dict[str, Tensor], *, tp: int = 1, pp: int = 1, cp: int = 1,
+                 lr: float = 1e-5,
                  weight_decay: float = 0.0, clip_grad: float = 1.0, warmup_steps: int = 0,
                  micro_batch_size: int | None = None, seed: int = 1234, bf16: bool = False, temperature: float = 1.0,
                  ref_loader: Any = None, tokenizer_source: str | None = None, device: str = "auto") -> None:
@@ -174,7 +210,9 @@ class MegatronBackend:
         if device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda but no CUDA device is visible")
         self.cuda = torch.cuda.is_available()
-        init_parallel(tp, seed=seed, cuda=self.cuda)
+        if (problem := context_parallel_problem(cp, cuda=self.cuda)) is not None:
+            raise ValueError(f"{problem} (fix: {CP_FIX})")
+        init_parallel(tp, pp=pp, cp=cp, seed=seed, cuda=self.cuda)
         from megatron.core import parallel_state as ps
 
         self.ps = ps
@@ -182,6 +220,8 @@ class MegatronBackend:
         self.hf_config = hf_config
         self.arch = convert.arch_from_hf_config(hf_config)
         convert.check_tp(self.arch, tp)
+        convert.check_pp(self.arch, pp)
+        self.pp, self.cp = pp, cp
         self.bf16 = bf16
         self.temperature = temperature if temperature > 0 else 1.0
         self.model = self._build(hf_state_dict)
@@ -224,11 +264,23 @@ class MegatronBackend:
         return self.ps.get_data_parallel_rank(), size, self.ps.get_data_parallel_group() if size > 1 else None
 
     # ------------------------------------------------------------------ forward
-    def _forward(self, model: Any, mb: TrainBatch, *, entropy: bool, top_k: bool) -> ForwardOutput:
-        """One micro-batch; values are 0 off ``loss_mask``.
+    def _inputs(self, mb: TrainBatch, *, top_k: bool, seq_len: int | None = None) -> dict[str, Any]:
+        """This rank's model inputs for one micro-batch and where its response tokens are.
+
+        Sequences are right-padded to ``seq_len`` (default: the micro-batch's ``max P + T``)
+        rounded up to a multiple of ``2·CP``; with CP > 1 this rank keeps its chunks
+        (:func:`~relax_megatron.parallel.cp_positions`) and Transformer Engine applies the
+        causal mask (``causal`` is ``None``).
+
+        Returns:
+            ``ids``/``pos`` long ``[b, S/CP]``, ``causal`` bool ``[1, 1, S, S]`` or ``None``,
+            ``index``/``held`` ``[b, T]`` (local position predicting each response token,
+            and whether this rank holds it), ``targets`` long ``[b, T]`` (valid ids),
+            ``top_ids`` long ``[b, T, k]`` or ``None``.
 
         Raises:
             ValueError: response ids outside the vocabulary at ``loss_mask`` positions.
+            KeyError: ``top_k`` without ``tensors['top_k_ids']``.
         """
         v = self.arch.vocab_size
         mask = mb.loss_mask.bool()
@@ -237,23 +289,82 @@ class MegatronBackend:
         if not in_range[mask].all():
             raise ValueError(f"response token ids outside the vocabulary [0, {v}) at loss_mask positions")
         resp = torch.where(in_range, resp, 0)  # garbage off the mask: any valid id
-        ids, pos, at = pack_sequences(mb.prompt_ids, resp)
-        s = ids.shape[1]
-        causal = torch.triu(torch.ones(s, s, dtype=torch.bool, device=self.device), diagonal=1)[None, None]
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            logits = model(ids.to(self.device), pos.to(self.device), causal)  # [b, S, V/tp]
-        at = at.to(self.device)
-        picked = logits.gather(1, at.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [b, T, V/tp]
+        ids, _, at = pack_sequences(mb.prompt_ids, resp)
+        s = padded_length(max(seq_len or 0, ids.shape[1]), 2 * self.cp if self.cp > 1 else 1)
+        ids = torch.nn.functional.pad(ids, (0, s - ids.shape[1]))
+        held_pos = cp_positions(s, self.cp, self.ps.get_context_parallel_rank()) if self.cp > 1 else torch.arange(s)
+        index, held = local_index(at, held_pos, s)
+        causal = None if self.cp > 1 else torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)[None, None]
         top_ids = None
         if top_k:
             if "top_k_ids" not in mb.tensors:
                 raise KeyError("top-k log-probs asked but the batch has no tensors['top_k_ids']")
-            top_ids = mb.tensors["top_k_ids"].to(self.device).long().clamp(0, v - 1)
-        lp, ent, top = token_stats(picked, resp.to(self.device), temperature=self.temperature, entropy=entropy,
-                                   top_k_ids=top_ids)
-        m = mask.to(self.device)
-        zero = lambda x: None if x is None else torch.where(m.view(*m.shape, *[1] * (x.dim() - 2)), x, 0.0)  # noqa: E731
-        return ForwardOutput(log_probs=zero(lp), entropy=zero(ent), top_k_log_probs=zero(top))
+            top_ids = mb.tensors["top_k_ids"].long().clamp(0, v - 1)
+        d = self.device
+        return {"ids": ids[:, held_pos].to(d), "pos": held_pos.expand(ids.shape[0], -1).to(d),
+                "causal": None if causal is None else causal.to(d), "index": index.to(d), "held": held.to(d),
+                "mask": mask.to(d), "targets": resp.to(d), "top_ids": None if top_ids is None else top_ids.to(d)}
+
+    def _run_model(self, model: Any, inp: dict[str, Any]) -> Tensor:
+        """The stage's output: logits ``[b, S/CP, V/tp]`` on the last pipeline stage, hidden
+        states ``[S/CP, b, H]`` float32 on the others."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            out = model(inp["ids"], inp["pos"], inp["causal"])
+        return out if model.post_process else out.float()
+
+    def _stats(self, logits: Tensor, inp: dict[str, Any], *, entropy: bool) -> ForwardOutput:
+        """Token statistics ``[b, T]`` of the response tokens from this rank's logits
+        ``[b, S/CP, V/tp]`` (vocab-parallel over TP, gathered over CP); 0 off ``loss_mask``."""
+        picked = logits.gather(1, inp["index"].unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [b, T, V/tp]
+        lp, ent, top = token_stats(picked, inp["targets"], temperature=self.temperature, entropy=entropy,
+                                   top_k_ids=inp["top_ids"])
+        keep = inp["mask"] & inp["held"]  # [b, T]: the tokens this CP rank computed
+        cp_group = self.ps.get_context_parallel_group() if self.cp > 1 else None
+
+        def out(x: Tensor | None) -> Tensor | None:
+            return None if x is None else group_sum(torch.where(keep.view(*keep.shape, *[1] * (x.dim() - 2)), x, 0.0),
+                                                    cp_group)
+
+        return ForwardOutput(log_probs=out(lp), entropy=out(ent), top_k_log_probs=out(top))
+
+    def _forward(self, model: Any, mb: TrainBatch, *, entropy: bool, top_k: bool) -> ForwardOutput:
+        """One micro-batch without pipeline parallelism; values are 0 off ``loss_mask``."""
+        inp = self._inputs(mb, top_k=top_k)
+        return self._stats(self._run_model(model, inp), inp, entropy=entropy)
+
+    def _pipeline(self, model: Any, mbs: list[TrainBatch], *, entropy: bool, top_k: bool,
+                  loss_fn: Any = None) -> list[Any]:
+        """Micro-batches through megatron-core's pipeline schedule (PP > 1).
+
+        All micro-batches are given one shape (megatron's point-to-point buffers): rows
+        padded to the largest micro-batch with masked copies of its last sample, sequences
+        to the batch's longest; padding rows are dropped before the statistics are used.
+        ``loss_fn`` ``None``: no-grad forward, records are the micro-batches' ``ForwardOutput``;
+        else forward and backward, records are ``{"loss": float, **metrics}``.
+
+        Returns:
+            the records, in micro-batch order, on the last stage; ``[]`` on the others.
+        """
+        size = max(mb.size for mb in mbs)
+        seq = padded_length(max(len(p) for mb in mbs for p in mb.prompt_ids) + mbs[0].response_ids.shape[1],
+                            2 * self.cp if self.cp > 1 else 1)
+
+        def step(mb: TrainBatch, m: Any) -> tuple[Tensor, Any]:
+            inp = self._inputs(_pad_rows(mb, size), top_k=top_k, seq_len=seq)
+            output = self._run_model(m, inp)
+
+            def loss_func(logits: Tensor) -> tuple[Tensor, Tensor, Any]:
+                full = self._stats(logits, inp, entropy=entropy)
+                fwd = ForwardOutput(**{k: None if v is None else v[:mb.size] for k, v in vars(full).items()})
+                if loss_fn is None:
+                    return torch.zeros((), device=logits.device), torch.ones((), dtype=torch.int), fwd
+                loss, metrics = loss_fn(mb, fwd)
+                return loss, torch.ones((), dtype=torch.int), {"loss": float(loss.detach()), **metrics}
+
+            return output, loss_func
+
+        return run_pipeline(model, mbs, step, seq_length=seq, micro_batch_size=size, forward_only=loss_fn is None,
+                            cuda=self.cuda)
 
     def _micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
         n = batch.size
@@ -279,8 +390,20 @@ class MegatronBackend:
         else:
             raise ValueError(f"megatron backend has no {role!r} model")
         model.eval()
+        mbs = self._micro_batches(batch)
         with torch.no_grad():
-            outs = [self._forward(model, mb, entropy=entropy, top_k=top_k) for mb in self._micro_batches(batch)]
+            if self.pp == 1:
+                outs = [self._forward(model, mb, entropy=entropy, top_k=top_k) for mb in mbs]
+            else:
+                outs = self._pipeline(model, mbs, entropy=entropy, top_k=top_k)
+        if self.pp > 1:  # the last stage's statistics, on every stage
+            b, t = batch.response_ids.shape
+            k = batch.tensors["top_k_ids"].shape[-1] if top_k else 0
+            shapes = {"log_probs": (b, t), "entropy": (b, t) if entropy else None, "top_k_log_probs": (b, t, k) if top_k else None}
+            last = self.ps.is_pipeline_last_stage()
+            return ForwardOutput(**{name: None if shape is None else broadcast_from_last_stage(
+                torch.cat([getattr(o, name) for o in outs]) if last else torch.zeros(shape), self.device)
+                for name, shape in shapes.items()})
         cat = lambda xs: None if xs[0] is None else torch.cat(xs).cpu()  # noqa: E731
         return ForwardOutput(log_probs=cat([o.log_probs for o in outs]), entropy=cat([o.entropy for o in outs]),
                              top_k_log_probs=cat([o.top_k_log_probs for o in outs]))
@@ -311,12 +434,13 @@ class MegatronBackend:
 
         Sharding is read from the parameter names (every non-norm tensor of the local spec
         is split over TP): with ``perform_initialization=False`` Megatron does not set its
-        ``tensor_model_parallel`` attribute on all of them.
+        ``tensor_model_parallel`` attribute on all of them.  With PP the stages' sums are
+        added, the last stage's copy of tied embeddings (``shared``) not counted.
         """
         sharded = torch.zeros((), dtype=torch.float64, device=self.device)
         replicated = torch.zeros((), dtype=torch.float64, device=self.device)
         for name, p in self.model.named_parameters():
-            if p.grad is None:
+            if p.grad is None or getattr(p, "shared", False):
                 continue
             sq = p.grad.detach().double().pow(2).sum()
             if "layernorm" in name:
@@ -325,7 +449,10 @@ class MegatronBackend:
                 sharded += sq
         if self.ps.get_tensor_model_parallel_world_size() > 1:
             dist.all_reduce(sharded, group=self.ps.get_tensor_model_parallel_group())
-        return float((sharded + replicated).sqrt())
+        total = sharded + replicated
+        if self.pp > 1:
+            dist.all_reduce(total, group=self.ps.get_pipeline_model_parallel_group())
+        return float(total.sqrt())
 
     def lr(self) -> float:
         """Learning rate of the next step: linear warm-up ``lr·(s+1)/W`` for ``s < W``, then ``lr``."""
@@ -337,8 +464,11 @@ class MegatronBackend:
 
         ``loss_fn(micro_batch, forward_output) -> (loss, metrics)`` returns the micro-batch's
         loss already scaled by the global denominators, so the accumulated gradient is the
-        global batch's.  A micro-batch whose loss is not finite is not backpropagated, and
-        the step is skipped when any loss, metric or the gradient norm is not finite.
+        global batch's.  A micro-batch whose loss is not finite is not backpropagated (with
+        PP megatron's schedule backpropagates it, the step is skipped all the same), and
+        the step is skipped when any loss, metric or the gradient norm is not finite.  With
+        PP ``loss_fn`` runs on the last stage; the others receive its results and metrics
+        (``loss_fn.add_metrics``), so every rank returns the same.
 
         Returns:
             the same keys as the torch backend: ``loss`` and each ``loss_fn`` metric summed
@@ -355,24 +485,36 @@ class MegatronBackend:
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {"loss": 0.0}
         bad: set[str] = set()
+
+        def record(metrics: dict[str, Any]) -> None:
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+                if not math.isfinite(float(v)):
+                    bad.add(k)
+
         mbs = self._micro_batches(batch)
         self.model.train()
         try:
-            for mb in mbs:
-                loss, metrics = loss_fn(mb, self._forward(self.model, mb, entropy=entropy, top_k=top_k))
-                value = float(loss.detach())
-                sums["loss"] += value
-                for k, v in metrics.items():
-                    if k != "loss":
-                        sums[k] = sums.get(k, 0.0) + float(v)
-                    if not math.isfinite(float(v)):
-                        bad.add(k)
-                if not math.isfinite(value):
-                    bad.add("loss")
-                elif loss.requires_grad:
-                    loss.backward()
+            if self.pp == 1:
+                for mb in mbs:
+                    loss, metrics = loss_fn(mb, self._forward(self.model, mb, entropy=entropy, top_k=top_k))
+                    record({**metrics, "loss": float(loss.detach())})
+                    if math.isfinite(float(loss.detach())) and loss.requires_grad:
+                        loss.backward()
+            else:
+                for rec in self._pipeline(self.model, mbs, entropy=entropy, top_k=top_k, loss_fn=loss_fn):
+                    record(rec)
+                own = loss_fn.metrics() if self.ps.is_pipeline_last_stage() and hasattr(loss_fn, "metrics") else None
+                got_sums, got_bad, got_metrics = broadcast_from_last_stage((sums, bad, own), self.device)
+                if not self.ps.is_pipeline_last_stage():
+                    sums, bad = got_sums, got_bad
+                    if got_metrics:
+                        loss_fn.add_metrics(got_metrics)
+                allreduce_tied_embedding_grads(self.model)
         finally:
             self.model.eval()
+        if self.cp > 1:
+            allreduce_grads(self.model.parameters(), self.ps.get_context_parallel_group())
         self._allreduce_qk_layernorm_grads()
         norm = self._grad_norm()
         if not math.isfinite(norm):
@@ -395,18 +537,28 @@ class MegatronBackend:
 
     # ------------------------------------------------------------------ weights out
     def _all_shards(self) -> list[dict[str, Tensor]]:
+        """Whole-model Megatron state dicts (CPU) of every TP rank: gathered over TP, then
+        the pipeline stages' merged (:func:`~relax_megatron.convert.merge_stages`)."""
         local = convert.local_state_dict(self.model)
         tp = self.ps.get_tensor_model_parallel_world_size()
-        if tp == 1:
-            return [local]
-        group = self.ps.get_tensor_model_parallel_group()
-        shards: list[dict[str, Tensor]] = [{} for _ in range(tp)]
-        for name, t in local.items():
-            parts = [torch.empty_like(t, device=self.device) for _ in range(tp)]
-            dist.all_gather(parts, t.to(self.device).contiguous(), group=group)
-            for r, part in enumerate(parts):
-                shards[r][name] = part.cpu()
-        return shards
+        shards: list[dict[str, Tensor]] = [local] if tp == 1 else [{} for _ in range(tp)]
+        if tp > 1:
+            group = self.ps.get_tensor_model_parallel_group()
+            for name, t in local.items():
+                parts = [torch.empty_like(t, device=self.device) for _ in range(tp)]
+                dist.all_gather(parts, t.to(self.device).contiguous(), group=group)
+                for r, part in enumerate(parts):
+                    shards[r][name] = part.cpu()
+        if self.pp == 1:
+            return shards
+        stages: list[Any] = [None] * self.pp
+        dist.all_gather_object(stages, shards, group=self.ps.get_pipeline_model_parallel_group())
+        return [convert.merge_stages([st[r] for st in stages], self.arch) for r in range(tp)]
+
+    def _shard_name(self) -> str:
+        """This rank's checkpoint file stem: ``tp{r}``, with PP ``tp{r}_pp{p}``."""
+        name = f"tp{self.ps.get_tensor_model_parallel_rank()}"
+        return f"{name}_pp{self.ps.get_pipeline_model_parallel_rank()}" if self.pp > 1 else name
 
     def engine_state_dict(self) -> dict[str, Tensor]:
         """Full Hugging Face-named weights (gathered over TP, on CPU) for the engines."""
@@ -428,33 +580,33 @@ class MegatronBackend:
             load_tokenizer(self.tokenizer_source).save_pretrained(path)
 
     def save_checkpoint(self, path: str) -> None:
-        """This rank's Megatron weights (safetensors) and optimizer state, plus the step
-        (rank 0); every TP rank calls it with the same ``path`` (a barrier ends it)."""
+        """This rank's Megatron weights (safetensors) and optimizer state (one file per TP
+        rank and pipeline stage; context-parallel rank 0 writes them), plus the step
+        (global rank 0); every rank calls it with the same ``path`` (a barrier ends it)."""
         from safetensors.torch import save_file
 
-        r = self.ps.get_tensor_model_parallel_rank()
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in convert.local_state_dict(self.model).items()},
-                  str(out / f"megatron_tp{r}.safetensors"))
-        torch.save(self.optimizer.state_dict(), out / f"optimizer_tp{r}.pt")
-        if r == 0:
+        if self.ps.get_context_parallel_rank() == 0:
+            save_file({k: v.contiguous() for k, v in convert.local_state_dict(self.model).items()},
+                      str(out / f"megatron_{self._shard_name()}.safetensors"))
+            torch.save(self.optimizer.state_dict(), out / f"optimizer_{self._shard_name()}.pt")
+        if dist.get_rank() == 0:
             (out / "megatron_backend.json").write_text(json.dumps({"step": self.step}))
         if dist.get_world_size() > 1:
             dist.barrier()
 
     def load_checkpoint(self, path: str) -> None:
-        """Inverse of :meth:`save_checkpoint` (same TP size)."""
+        """Inverse of :meth:`save_checkpoint` (same TP and PP sizes)."""
         from safetensors.torch import load_file
 
-        r = self.ps.get_tensor_model_parallel_rank()
         src = Path(path)
-        sd = load_file(str(src / f"megatron_tp{r}.safetensors"))
+        sd = load_file(str(src / f"megatron_{self._shard_name()}.safetensors"))
         missing, unexpected = self.model.load_state_dict(sd, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]
         if missing or unexpected:
             raise KeyError(f"checkpoint {src} does not match the model: missing {missing}, unexpected {unexpected}")
-        self.optimizer.load_state_dict(torch.load(src / f"optimizer_tp{r}.pt", weights_only=True))
+        self.optimizer.load_state_dict(torch.load(src / f"optimizer_{self._shard_name()}.pt", weights_only=True))
         self.step = json.loads((src / "megatron_backend.json").read_text())["step"]
 
 
@@ -473,7 +625,8 @@ def build(params: Any, config: Any) -> MegatronBackend:
 
     hf = load_model(config.model)
     return MegatronBackend(
-        hf.config, hf.state_dict(), tp=config.tensor_parallel_size, lr=config.lr,
+        hf.config, hf.state_dict(), tp=config.tensor_parallel_size, pp=config.pipeline_parallel_size,
+        cp=config.context_parallel_size, lr=config.lr,
         weight_decay=config.weight_decay, clip_grad=config.clip_grad, warmup_steps=config.lr_warmup_steps,
         micro_batch_size=config.micro_batch_size, seed=config.seed, bf16=config.bf16,
         temperature=config.rollout_temperature,

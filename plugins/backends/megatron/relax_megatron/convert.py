@@ -34,6 +34,7 @@ Megatron's grouping, and both apply RoPE with the non-interleaved ``rotate_half`
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,18 +182,22 @@ def build_gpt_model(a: ArchSpec, *, sequence_length: int | None = None) -> Any:
         from megatron.core.extensions.transformer_engine import TEDotProductAttention
 
         spec.submodules.self_attention.submodules.core_attention = TEDotProductAttention
-    return GPTModel(
-        config=cfg,
-        transformer_layer_spec=spec,
-        vocab_size=a.vocab_size,
-        max_sequence_length=sequence_length or a.max_position_embeddings,
-        share_embeddings_and_output_weights=a.tie_word_embeddings,
-        position_embedding_type="rope",
-        rotary_base=int(a.rope_theta),
-        parallel_output=True,
-        pre_process=ps.is_pipeline_first_stage(),
-        post_process=ps.is_pipeline_last_stage(),
-    )
+    from relax_megatron.shim import cuda_on_cpu
+
+    # on CPU: with tied embeddings and PP > 1, GPTModel moves the last stage's copy to .cuda()
+    with contextlib.nullcontext() if cuda else cuda_on_cpu():
+        return GPTModel(
+            config=cfg,
+            transformer_layer_spec=spec,
+            vocab_size=a.vocab_size,
+            max_sequence_length=sequence_length or a.max_position_embeddings,
+            share_embeddings_and_output_weights=a.tie_word_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(a.rope_theta),
+            parallel_output=True,
+            pre_process=ps.is_pipeline_first_stage(),
+            post_process=ps.is_pipeline_last_stage(),
+        )
 
 
 def _tp_size() -> int:

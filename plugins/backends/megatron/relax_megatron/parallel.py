@@ -28,7 +28,7 @@ output layer.  :func:`run_pipeline` drives megatron-core's non-interleaved 1F1B 
 the run's loss are computed on the last stage (same contract as without PP), and
 :func:`broadcast_from_last_stage` gives every stage its results.
 
-On CPU (gloo) the schedule runs under :func:`relax_megatron.shim.cuda_factories_on_cpu`:
+On CPU (gloo) the schedule runs under :func:`relax_megatron.shim.cuda_on_cpu`:
 megatron-core 0.16.1 allocates its token counter with a hard-wired ``device="cuda"``.
 """
 
@@ -150,16 +150,16 @@ def run_pipeline(model: Any, micro_batches: list[Any], step: Callable[[Any, Any]
         seq_length / micro_batch_size: the shape ``[seq_length, micro_batch_size, H]`` of
             the hidden states every micro-batch sends (all micro-batches must have it).
         forward_only: no backward (no-grad forward passes).
-        cuda: ``False``: run under :func:`~relax_megatron.shim.cuda_factories_on_cpu`.
+        cuda: ``False``: run under :func:`~relax_megatron.shim.cuda_on_cpu`.
 
     Returns:
         the ``record`` of every micro-batch, in order, on the last stage; ``[]`` on others.
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from relax_megatron.shim import cuda_factories_on_cpu
+    from relax_megatron.shim import cuda_on_cpu
 
-    with contextlib.nullcontext() if cuda else cuda_factories_on_cpu():
+    with contextlib.nullcontext() if cuda else cuda_on_cpu():
         return get_forward_backward_func()(
             forward_step_func=lambda it, m: step(next(it), m), data_iterator=iter(micro_batches), model=model,
             num_microbatches=len(micro_batches), seq_length=seq_length, micro_batch_size=micro_batch_size,

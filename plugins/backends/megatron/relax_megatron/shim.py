@@ -9,12 +9,15 @@ generator states.  It is applied only when CUDA is not available, once per proce
 changes nothing else: Megatron's own optimizer stays CUDA-only (the backend drives
 training with ``torch.optim`` on CPU).
 
-Megatron's pipeline schedules (``forward_backward_pipelining_without_interleaving``,
+Two more CUDA assumptions sit on the pipeline-parallel path: megatron-core 0.16.1's
+schedules (``forward_backward_pipelining_without_interleaving``,
 ``forward_backward_no_pipelining``) allocate their token counter with a hard-wired
-``torch.zeros([], device="cuda")``, which raises ``AssertionError: Torch not compiled with
-CUDA enabled`` on CPU; :func:`cuda_factories_on_cpu` runs them with such allocations
-redirected to the CPU.  Their point-to-point sends and receives work on gloo once
-``batch_p2p_comm`` is off (its ``batch_p2p_sync`` calls ``torch.cuda.synchronize``).
+``torch.zeros([], device="cuda")``, and with tied embeddings ``GPTModel`` moves the
+embedding copy to ``.cuda()`` before all-reducing it between the first and last stage; on
+CPU both raise ``AssertionError: Torch not compiled with CUDA enabled``.
+:func:`cuda_on_cpu` runs such code with those calls kept on the CPU.  The point-to-point
+sends and receives work on gloo once ``batch_p2p_comm`` is off (its ``batch_p2p_sync``
+calls ``torch.cuda.synchronize``).
 """
 
 from __future__ import annotations
@@ -81,11 +84,14 @@ def seed_tracker(seed: int, tp_rank: int) -> None:
     tracker.add(mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 1024 + 100 * tp_rank)
 
 
-class _CudaFactoriesOnCPU(TorchFunctionMode):
-    """Rewrites ``device=cuda…`` keyword arguments of torch calls to ``device=cpu``."""
+class _CudaOnCPU(TorchFunctionMode):
+    """Rewrites ``device=cuda…`` keyword arguments of torch calls to ``device=cpu`` and makes
+    ``Tensor.cuda()`` the identity."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
         dev = kwargs.get("device")
         if dev is not None and torch.device(dev).type == "cuda":
             kwargs = {**kwargs, "device": "cpu"}
@@ -93,14 +99,15 @@ class _CudaFactoriesOnCPU(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def cuda_factories_on_cpu():
-    """Inside the block, torch calls given ``device="cuda"`` allocate on the CPU instead
-    (a ``TorchFunctionMode``; scoped, nothing stays patched).
+def cuda_on_cpu():
+    """Inside the block, torch calls given ``device="cuda"`` allocate on the CPU and
+    ``Tensor.cuda()`` leaves a tensor where it is (a ``TorchFunctionMode``; scoped, nothing
+    stays patched).
 
     Raises:
         RuntimeError: if CUDA is available (it must not hide a real GPU).
     """
     if torch.cuda.is_available():
-        raise RuntimeError("cuda_factories_on_cpu() is for CPU-only machines; CUDA is available here")
-    with _CudaFactoriesOnCPU():
+        raise RuntimeError("cuda_on_cpu() is for CPU-only machines; CUDA is available here")
+    with _CudaOnCPU():
         yield

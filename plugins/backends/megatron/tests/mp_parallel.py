@@ -1,0 +1,106 @@
+"""Worker processes for the pipeline- and context-parallel tests (spawned with
+``torch.multiprocessing``, one per rank, like :mod:`mp_workers`)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from mp_workers import TEMPERATURE, ToyLoss, tiny_batch, tiny_hf
+
+
+class MetricLoss(ToyLoss):
+    """:class:`ToyLoss` that also keeps ``metrics()`` (the sum of its micro-batch losses
+    and masked token counts) and takes ``add_metrics`` like :class:`relax_core.loss.ActorLoss`."""
+
+    def __init__(self, num_tokens: float, nan: bool = False):
+        super().__init__(num_tokens, nan)
+        self.sums: dict[str, float] = {}
+
+    def __call__(self, mb, out):
+        loss, metrics = super().__call__(mb, out)
+        self.add_metrics({"train/toy_loss": float(loss.detach()), "train/tokens": float(mb.loss_mask.sum())})
+        return loss, metrics
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self.sums)
+
+    def add_metrics(self, contributions: dict[str, float]) -> None:
+        for k, v in contributions.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+
+
+def _env(rank: int, world: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+
+
+def pp_worker(rank: int, world: int, port: int, kind: str, out_path: str) -> None:
+    """PP = ``world`` (1 or 2) on a tiny ``kind`` model: a no-grad forward (entropy, top-k),
+    a skipped (NaN) step, a real step, a checkpoint round trip, the reference; micro-batches
+    of 3 samples for the batch of 4 (so one is padded).  Every rank saves its results."""
+    _env(rank, world, port)
+    from relax_megatron.backend import MegatronBackend
+
+    hf = tiny_hf(kind)
+    batch = tiny_batch()
+    be = MegatronBackend(hf.config, hf.state_dict(), pp=world, lr=1e-3, clip_grad=0.0, micro_batch_size=3,
+                         temperature=TEMPERATURE, ref_loader=lambda: tiny_hf(kind).state_dict())
+    be.setup(needs_ref=True)
+    n = float(batch.loss_mask.sum())
+    fwd = be.forward(batch, entropy=True, top_k=True)
+    before = be.engine_state_dict()
+    skipped = be.train_step(batch, MetricLoss(n, nan=True))
+    unchanged = max((be.engine_state_dict()[k] - before[k]).abs().max().item() for k in before)
+    loss = MetricLoss(n)
+    stepped = be.train_step(batch, loss)
+    after = be.engine_state_dict()
+    ckpt = out_path + ".ckpt"
+    be.save_checkpoint(ckpt)
+    be.train_step(batch, MetricLoss(n))
+    moved_again = max((be.engine_state_dict()[k] - after[k]).abs().max().item() for k in after)
+    be.load_checkpoint(ckpt)
+    restored = max((be.engine_state_dict()[k] - after[k]).abs().max().item() for k in after)
+    res = {"log_probs": fwd.log_probs, "entropy": fwd.entropy, "top_k": fwd.top_k_log_probs, "before": before,
+           "skipped": skipped, "unchanged": unchanged, "stepped": stepped, "metrics": loss.metrics(), "after": after,
+           "ckpt": (moved_again, restored, be.step), "ref_log_probs": be.forward(batch, role="ref").log_probs,
+           "actor_after": be.forward(batch).log_probs}
+    torch.save(res, f"{out_path}.rank{rank}")
+
+
+def cp_gather_worker(rank: int, world: int, port: int, out_path: str) -> None:
+    """CP = ``world`` over gloo: each rank splits the same ``[b, S]`` values with
+    :func:`cp_split`, places them at the response tokens it holds, and :func:`group_sum`
+    gathers the full layout; then the gradient of a loss of the gathered tensor, summed over
+    ranks (as the backend's all-reduce does), is compared with the one-process gradient."""
+    _env(rank, world, port)
+    import torch.distributed as dist
+
+    from relax_megatron.parallel import allreduce_grads, cp_positions, cp_split, group_sum, local_index
+
+    dist.init_process_group("gloo")
+    g = torch.Generator().manual_seed(0)
+    b, s = 3, 12
+    at = torch.tensor([[2, 3, 4, 5, 6], [5, 6, 7, 8, 9], [6, 7, 8, 9, 10]])  # [b, T] predicting positions
+    w = torch.randn(s, generator=g)
+    weight = torch.nn.Parameter(torch.randn(b, s, generator=g))
+
+    def per_position(p: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # a position-wise "model"
+        return torch.tanh(p) * w[positions]  # [b, S_local]
+
+    held = cp_positions(s, world, rank)
+    local = per_position(cp_split(weight, world, rank), held)  # [b, S/cp]
+    index, inside = local_index(at, held, s)
+    tok = group_sum(torch.where(inside, local.gather(1, index), 0.0), dist.group.WORLD)  # [b, T]
+    seq_loss = (tok.sum(1) ** 2).mean()  # needs whole sequences (as GSPO's sequence ratio does)
+    seq_loss.backward()
+    allreduce_grads([weight], dist.group.WORLD)
+    from megatron.core.utils import get_batch_on_this_cp_rank  # Megatron's own split, same group
+
+    megatron_split = get_batch_on_this_cp_rank({"tokens": weight.detach().clone()}, dist.group.WORLD)["tokens"]
+    torch.save({"megatron_split": megatron_split, "split": cp_split(weight.detach(), world, rank), "tok": tok.detach(), "loss": seq_loss.item(), "grad": weight.grad.clone(), "held": held,
+                "full": per_position(weight, torch.arange(s)).gather(1, at).detach(), "weight": weight.detach(),
+                "w": w, "at": at}, f"{out_path}.rank{rank}")
+    dist.destroy_process_group()
