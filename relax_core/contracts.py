@@ -406,6 +406,13 @@ class TrainBackend(Protocol):
     batch into micro-batches, calls ``loss_fn(micro_batch, forward_output)`` → (scalar
     loss already scaled by the *global* denominators, metrics), backpropagates, and steps
     the optimizer once (skipping the step when the loss or gradient is not finite).
+
+    Optional, for backends whose ranks split one model (tensor/context/pipeline parallel):
+    ``data_parallel() -> (dp_rank, dp_size, dp_group)``, this rank's model replica, the
+    number of replicas and the torch.distributed group over the replicas (``None`` for one).
+    The Ray launcher gives every rank of a replica the same batch shard, reads one of them,
+    and reduces batch-wide estimator statistics over ``dp_group``; without the method every
+    rank is its own replica (``rank``, ``world size``, the whole group).
     """
 
     def forward(self, batch: TrainBatch, *, role: str = "actor", entropy: bool = False,
