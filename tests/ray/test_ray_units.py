@@ -152,3 +152,14 @@ def test_tensor_parallel_megatron_over_ray_passes_validation():
         " ".join(res.output.split())
     res = _train([*args[:-2], "--launcher", "ray", "--actor-num-gpus-per-node", "2"])  # no TP: 2 replicas
     assert res.exit_code == 2 and "cannot train data-parallel over 2 replicas" in " ".join(res.output.split())
+
+
+def test_driver_loss_sums_the_replicas_metric_contributions():
+    from relax_core.loss import ActorLoss, CriticLoss, LossSettings
+
+    settings = LossSettings.from_config(build_config(cli={}), "ppo_clip")
+    for loss in (ActorLoss(None, [], settings, num_tokens=10.0, num_samples=4.0, old_from_current=False),
+                 CriticLoss(None, settings, num_tokens=10.0, num_samples=4.0)):
+        loss.add_metrics({"train/loss": 1.5, "train/pg_clipfrac": 0.25})
+        loss.add_metrics({"train/loss": -0.5, "train/pg_clipfrac": 0.125})
+        assert loss.metrics() == {"train/loss": 1.0, "train/pg_clipfrac": 0.375}
