@@ -5,7 +5,8 @@ Both sides run as long-lived worker processes (Relax in ``.venv``, TRL in its ow
 ``benchmarks/.envs/trl``), load the same model directory once, and then wait at the start of
 every training step for a ``go`` from this driver.  The driver alternates them step by step
 (A B, B A, A B, ...), so both see the same machine load; the first step of each side is a
-warm-up and is not counted.  Each step reports its wall time, the generation part, the
+warm-up (Relax starts its reward workers there, both sides touch their buffers for the first
+time) and is not counted.  Each step reports its wall time, the generation part, the
 generated and trained tokens and the process's peak RSS.
 
 How the two are made to do the same work (one update per rollout, same precision, no KL,
@@ -38,17 +39,22 @@ after each step; TRL samples with the training model itself.  Relax scores in it
 worker pool (2 processes, per-call timeouts); TRL calls the reward function in-process.  The
 transformers version is the same on both sides (5.19.0).
 
-Metrics: seconds per step (wall, median over the counted steps; CPU seconds of the trainer
-process beside it: on the shared machine it moves less with the load), generated tokens/s (generated
-tokens / generation seconds), trained tokens/s (response tokens in the loss / step seconds),
-peak RSS of the trainer process (``VmHWM``; Relax's reward workers are separate
-processes, their RSS is reported apart), and the load time (process start to the first step,
-model and tokenizer loading included; the two sides load one after the other).
+Metrics, each the median over the counted steps of that step's value: seconds per step
+(wall; CPU seconds of the trainer process beside it: on a shared machine it moves less with
+the load), generated tokens/s (generated tokens / generation seconds), trained tokens/s
+(response tokens in the loss / step seconds); then the generation share of the step time,
+peak RSS of the trainer process (``VmHWM``; Relax's reward workers are separate processes,
+their RSS is reported apart), and the load time (process start to the first step, model and
+tokenizer loading included; the two sides load one after the other).  Ratios: of the
+medians, and the *paired* ratio (the median over i of Relax's trained tokens/s in its i-th
+counted step over TRL's in its i-th: the two ran back to back, so each pair saw the same load).
 
-Batch per model (``BATCH``): tiny Qwen3 2 prompts × 8 samples × ≤ 64 new tokens; SmolLM2
-2 × 4 × ≤ 48 (kept small so that the suite stays under 20 minutes on the shared machine).
+Batch and counted steps per model (``BATCH``): tiny Qwen3 2 prompts × 8 samples × ≤ 64 new
+tokens, 6 counted steps per side; SmolLM2 2 × 4 × ≤ 48, 4 counted steps per side; one warm-up
+step each.  Sized so that the whole of ``make bench`` stays under 20 minutes (this part takes
+about 4 minutes on the idle 2-core machine).
 
-Run:  .venv/bin/python benchmarks/e2e_trl.py [--models tiny,smollm2] [--steps 3] [--smoke]
+Run:  .venv/bin/python benchmarks/e2e_trl.py [--models tiny,smollm2] [--steps N] [--smoke]
 The TRL venv:  python3 -m venv benchmarks/.envs/trl &&
                benchmarks/.envs/trl/bin/pip install torch==2.13.0 trl transformers==5.19.0
 """
@@ -261,14 +267,15 @@ def model_dir(kind: str, work: Path) -> str:
     return str(make_tiny_model(work / "tiny-qwen3", seed=0))
 
 
-#: (prompts, samples per prompt, max new tokens) per model; --prompts/--group/--max-new override.
-BATCH = {"tiny": (2, 8, 64), "smollm2": (2, 4, 48)}
+#: (prompts, samples per prompt, max new tokens, counted steps) per model; --prompts/--group/
+#: --max-new/--steps override.
+BATCH = {"tiny": (2, 8, 64, 6), "smollm2": (2, 4, 48, 4)}
 
 
 def compare(kind: str, a: argparse.Namespace, work: Path) -> dict:
     a = argparse.Namespace(**vars(a))
-    p, g, n = BATCH[kind]
-    a.prompts, a.group, a.max_new = a.prompts or p, a.group or g, a.max_new or n
+    p, g, n, k = BATCH[kind]
+    a.prompts, a.group, a.max_new, a.steps = a.prompts or p, a.group or g, a.max_new or n, a.steps or k
     mdir = model_dir(kind, work)
     data = work / "prompts.jsonl"
     write_prompts(data)
@@ -302,19 +309,28 @@ def compare(kind: str, a: argparse.Namespace, work: Path) -> dict:
     finally:
         for s in sides.values():
             s.close()
-    summary = {"model": kind, "load_s": load, "batch": [a.prompts, a.group, a.max_new]}
+    return summarise(kind, results, load, a.warmup, [a.prompts, a.group, a.max_new])
+
+
+def summarise(kind: str, results: dict[str, list[dict]], load: dict[str, float], warmup: int, batch: list[int]) -> dict:
+    """Per side, the medians over the counted steps (``rows[warmup:]``) of the per-step
+    values, and the paired ratio: the median over i of Relax's trained tokens/s in its i-th
+    counted step over TRL's in its i-th (the two ran back to back)."""
+    rate = {name: [r["trained_tokens"] / r["seconds"] for r in rows[warmup:]] for name, rows in results.items()}
+    summary = {"model": kind, "load_s": load, "batch": batch, "warmup": warmup, "counted": len(rate["relax"]),
+               "paired_trained_ratio": statistics.median(x / y for x, y in zip(rate["relax"], rate["trl"]))}
     for name, rows in results.items():
-        counted = rows[a.warmup:]
+        counted = rows[warmup:]
         summary[name] = {
             "s_per_step": statistics.median(r["seconds"] for r in counted),
             "cpu_s_per_step": statistics.median(r["cpu_seconds"] for r in counted),
-            "gen_tok_s": sum(r["gen_tokens"] for r in counted) / sum(r["gen_seconds"] for r in counted),
-            "trained_tok_s": sum(r["trained_tokens"] for r in counted) / sum(r["seconds"] for r in counted),
+            "gen_tok_s": statistics.median(r["gen_tokens"] / r["gen_seconds"] for r in counted),
+            "trained_tok_s": statistics.median(rate[name]),
             "tokens_per_step": statistics.mean(r["trained_tokens"] for r in counted),
             "gen_share": sum(r["gen_seconds"] for r in counted) / sum(r["seconds"] for r in counted),
             "peak_rss_mb": max(r["rss_mb"] for r in rows),
             "helpers_rss_mb": max(r["helpers_rss_mb"] for r in rows),
-            "steps": [round(r["seconds"], 3) for r in rows],
+            "steps": [round(r["seconds"], 2) for r in rows],
         }
     return summary
 
@@ -334,17 +350,23 @@ def report(summaries: list[dict], a: argparse.Namespace) -> str:
                      f"{tx['cpu_s_per_step'] / rx['cpu_s_per_step']:>6.2f}x"
                      f"{rx['gen_tok_s'] / tx['gen_tok_s']:>10.2f}x{rx['trained_tok_s'] / tx['trained_tok_s']:>14.2f}x"
                      f"   (>1 means Relax is faster: TRL/Relax for s and CPU s, Relax/TRL for tokens/s)")
+    lines.append("")
     for s in summaries:
         p, g, n = s["batch"]
-        lines.append(f"{s['model']}: {p} prompts × {g} samples, max {n} new tokens")
-    lines.append(f"{a.warmup} warm-up + {a.steps} counted steps per side, alternated; {a.threads} torch threads")
+        lines.append(f"{s['model']}: {p} prompts × {g} samples, max {n} new tokens; {s['warmup']} warm-up + "
+                     f"{s['counted']} counted steps per side, alternated; paired trained tok/s ratio (median over "
+                     f"back-to-back steps) {s['paired_trained_ratio']:.2f}x")
+        for side in ("relax", "trl"):
+            lines.append(f"  {side} step seconds (warm-up first): {s[side]['steps']}")
+    lines.append(f"{a.threads} torch threads per side")
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="tiny,smollm2", help="comma list of tiny, smollm2")
-    ap.add_argument("--steps", type=int, default=3, help="counted steps per side (after the warm-up)")
+    ap.add_argument("--steps", type=int, default=None, help="counted steps per side after the warm-up "
+                                                              "(default: per model, see BATCH)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=None, help="prompts per step (default: per model, see BATCH)")
     ap.add_argument("--group", type=int, default=None, help="samples per prompt (default: per model)")

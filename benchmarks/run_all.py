@@ -5,11 +5,14 @@ alternates them and prints medians and ratios; this driver runs them one after t
 (never two at once), and writes their output, with the machine, versions, load average, date
 and command, to ``benchmarks/results/bench-<UTC date>-<time>.md`` (``--out`` to choose).
 
-    .venv/bin/python benchmarks/run_all.py [--smoke] [--only NAME,...] [--out FILE]
+    .venv/bin/python benchmarks/run_all.py [--smoke] [--only NAME,...] [--out FILE] [--budget MIN]
 
-About 15–20 minutes on the 2-core development machine (most of it the end-to-end and
-scaling parts, which load models); ``--smoke`` runs every script at tiny sizes (a few
-minutes), to check that they still work.  The end-to-end comparison needs TRL's own venv
+Sized for about 15 minutes on the 2-core development machine at a moderate load (each
+part's own duration is in ``BENCHMARKS.md``); the results file ends with a table of the
+minutes each part took and the load average before and after it.  ``--budget`` (default 20
+minutes) is a safeguard: a part still running when the budget is spent is stopped, and the
+parts after it are reported as not run.  ``--smoke`` runs every script at tiny sizes, to check
+that they still work.  The end-to-end comparison needs TRL's own venv
 (``make benchmarks/.envs/trl/bin/python``); the engine comparison needs ``.venv-vllm``
 (see ``.ci/vllm.sh``) and the vLLM engineer's ``benchmarks/engines.py``: a part whose
 environment is missing is reported as not measured, not silently dropped.
@@ -20,9 +23,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -46,7 +51,8 @@ SUITE = [
      "4. start-up: relax --help, capabilities, load + validation, first rollout token"),
     ("scaling", PY, "scaling.py", [], ["--smoke"],
      "5. scaling: batch 1x/2x/4x, data parallel 1 vs 2 ranks on Ray"),
-    ("async", PY, "async.py", ["--steps", "3", "--out", os.devnull], ["--steps", "2", "--out", os.devnull],
+    ("async", PY, "async.py", ["--steps", "3", "--repeats", "1", "--out", os.devnull],
+     ["--steps", "2", "--repeats", "1", "--out", os.devnull],
      "5b. sync vs fully-async on Ray, Ray start-up (the Ray engineer's benchmark)"),
     ("reward_scoring", PY, "reward_scoring.py", [], ["--n", "16"],
      "reward scoring: worker pool vs serial (the rewards engineer's benchmark)"),
@@ -96,12 +102,48 @@ def machine() -> list[str]:
     ]
 
 
+def _load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def run_part(cmd: list[str], env: dict, deadline: float) -> tuple[int, list[str], list[str], bool]:
+    """Run one part, echoing its stdout as it comes; stop its whole process group at
+    ``deadline`` (``time.perf_counter()`` value).  Returns (exit code, stdout lines,
+    stderr tail, stopped by the budget)."""
+    out_lines: list[str] = []
+    with tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=str(ROOT),
+                             start_new_session=True)
+        stopped = threading.Event()
+
+        def stop() -> None:
+            stopped.set()
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+        timer = threading.Timer(max(0.0, deadline - time.perf_counter()), stop)
+        timer.start()
+        try:
+            for line in p.stdout:  # shown as it comes, kept for the results file
+                print(line, end="", flush=True)
+                out_lines.append(line.rstrip("\n"))
+            code = p.wait()
+        finally:
+            timer.cancel()
+        err.seek(0)
+        return code, out_lines, err.read().splitlines()[-25:], stopped.is_set()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="every script at tiny sizes (checks they run)")
     ap.add_argument("--only", default="", help="comma list of parts: " + ", ".join(s[0] for s in SUITE))
     ap.add_argument("--out", default=None, help="results file (default benchmarks/results/bench-<date>.md; "
                                                 "with --smoke, nothing is written unless given)")
+    ap.add_argument("--budget", type=float, default=20.0,
+                    help="minutes for the whole suite: a part running past it is stopped, later parts are not run")
     a = ap.parse_args()
     only = {x.strip() for x in a.only.split(",") if x.strip()}
     unknown = only - {s[0] for s in SUITE}
@@ -115,7 +157,9 @@ def main() -> int:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     failed = []
+    timing = []  # (part, seconds or None, status, load before, load after)
     t_all = time.perf_counter()
+    deadline = t_all + 60 * a.budget
     for name, interp, script, full, smoke, what in SUITE:
         if only and name not in only:
             continue
@@ -126,38 +170,47 @@ def main() -> int:
             body = f"NOT MEASURED: {missing} is missing on this machine."
             print(head + body, flush=True)
             lines += [head, body]
+            timing.append((name, None, "not measured (missing)", _load(), ""))
             continue
         if a.smoke and "--smoke" in smoke and not has_smoke_mode(path):
             print(head + "skipped: no --smoke mode", flush=True)
             lines += [head, "skipped: no --smoke mode"]
+            timing.append((name, None, "skipped (no --smoke)", _load(), ""))
+            continue
+        if time.perf_counter() >= deadline:
+            body = f"NOT RUN: the --budget of {a.budget:g} min was spent."
+            print(head + body, flush=True)
+            lines += [head, body]
+            failed.append(name)
+            timing.append((name, None, "not run (budget)", _load(), ""))
             continue
         cmd = [str(interp), str(path), *(smoke if a.smoke else full)]
-        print(head + f"$ {' '.join(Path(c).name if i < 2 else c for i, c in enumerate(cmd))}", flush=True)
-        t0 = time.perf_counter()
-        out_lines = []
-        with tempfile.TemporaryFile("w+") as err:
-            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=str(ROOT))
-            for line in p.stdout:  # shown as it comes, kept for the results file
-                print(line, end="", flush=True)
-                out_lines.append(line.rstrip("\n"))
-            code = p.wait()
-            err.seek(0)
-            err_tail = err.read().splitlines()[-25:]
+        shown = " ".join(Path(c).name if i < 2 else c for i, c in enumerate(cmd))
+        print(head + f"$ {shown}", flush=True)
+        load0, t0 = _load(), time.perf_counter()
+        code, out_lines, err_tail, stopped = run_part(cmd, env, deadline)
         dt = time.perf_counter() - t0
         text = "\n".join(out_lines).rstrip()
+        status = "ok"
         if code != 0:
             failed.append(name)
-            fail = f"FAILED (exit {code}); stderr tail:\n" + "\n".join(err_tail)
+            status = "STOPPED (budget)" if stopped else f"FAILED (exit {code})"
+            fail = f"{status}; stderr tail:\n" + "\n".join(err_tail)
             print(fail, flush=True)
             text += "\n\n" + fail
         print(f"({dt:.0f} s)", flush=True)
-        lines += [head, f"`{' '.join(Path(c).name if i < 2 else c for i, c in enumerate(cmd))}` ({dt:.0f} s)", "",
+        timing.append((name, dt, status, load0, _load()))
+        lines += [head, f"`{shown}` ({dt:.0f} s; load average {load0} before, {_load()} after)", "",
                   "```", text, "```"]
     total = time.perf_counter() - t_all
-    tail = (f"\nsuite: {total / 60:.1f} min; load average at the end: "
-            f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
-    print(tail)
-    lines.append(tail)
+    table = ["", "## How long each part took", "",
+             "| part | minutes | status | load average before | after |", "|---|---|---|---|---|"]
+    table += [f"| {n} | {'' if dt is None else f'{dt / 60:.1f}'} | {st} | {l0} | {l1} |" for n, dt, st, l0, l1 in timing]
+    table += ["", f"suite: {total / 60:.1f} min (budget {a.budget:g} min), ended "
+                  f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; load average at the end: {_load()}"
+              + (f"; FAILED: {', '.join(failed)}" if failed else "")]
+    print("\n".join(table))
+    lines += table
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("\n".join(lines) + "\n")

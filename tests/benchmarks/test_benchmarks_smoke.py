@@ -1,16 +1,21 @@
-"""Every benchmark script still runs (``--smoke``: tiny sizes).  Benchmarks are not tests:
-nothing here checks a timing, only that each script exits 0 and prints its table."""
+"""Every benchmark script still runs (``--smoke``: tiny sizes), and the suite driver's and
+the end-to-end comparison's bookkeeping is right.  Benchmarks are not tests: nothing here
+checks a timing, only that each script exits 0 and prints its table.  The smoke runs that load
+models or start Ray take minutes and are marked slow (CI runs them: ``make test PYTEST_ARGS=""``);
+the fast ones take about 20 s together."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
+import e2e_trl  # noqa: E402
 import run_all  # noqa: E402
 
 
@@ -34,7 +39,40 @@ def test_every_script_is_in_the_suite():
     assert {p.name for p in BENCH.glob("*.py")} - listed - helpers == set()
 
 
+def test_run_part_stops_a_part_at_the_deadline():
+    """The --budget safeguard: a part still running at the deadline is stopped (its whole
+    process group), and what it printed so far is kept."""
+    code = "import subprocess, sys, time; print('started', flush=True); " \
+           "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    t0 = time.perf_counter()
+    rc, out, _, stopped = run_all.run_part([sys.executable, "-c", code], {}, deadline=time.perf_counter() + 2.0)
+    assert stopped and rc != 0 and out == ["started"]
+    assert time.perf_counter() - t0 < 30  # the grandchild did not keep the pipe open for its 60 s
+    rc, out, _, stopped = run_all.run_part([sys.executable, "-c", "print('done')"], {}, time.perf_counter() + 30)
+    assert (rc, out, stopped) == (0, ["done"], False)
+
+
+def test_e2e_summary_medians_and_paired_ratio():
+    """Hand values: the warm-up step is dropped, each column is the median of the per-step
+    values, and the paired ratio is the median of the back-to-back steps' ratios."""
+    def rows(seconds, tokens):
+        return [{"seconds": s, "cpu_seconds": s / 2, "gen_seconds": s / 4, "gen_tokens": t, "trained_tokens": t,
+                 "rss_mb": 100.0 + i, "helpers_rss_mb": 1.0} for i, (s, t) in enumerate(zip(seconds, tokens))]
+
+    results = {"relax": rows([10, 2, 4, 3], [100, 100, 100, 60]),  # counted rates 50, 25, 20
+               "trl": rows([20, 4, 4, 6], [100, 100, 80, 60])}  # counted rates 25, 20, 10
+    s = e2e_trl.summarise("tiny", results, {"relax": 1.0, "trl": 2.0}, warmup=1, batch=[2, 8, 64])
+    assert s["counted"] == 3
+    assert s["relax"]["trained_tok_s"] == 25 and s["trl"]["trained_tok_s"] == 20  # medians: ratio 1.25
+    assert s["paired_trained_ratio"] == 2.0  # median of 50/25, 25/20, 20/10
+    assert s["relax"]["s_per_step"] == 3 and s["trl"]["s_per_step"] == 4
+    assert s["relax"]["gen_tok_s"] == 100 and s["trl"]["gen_tok_s"] == 80  # per step 4·tokens/seconds
+    assert s["relax"]["gen_share"] == 0.25 and s["trl"]["peak_rss_mb"] == 103.0  # the warm-up counts for the peak
+    assert "paired trained tok/s ratio" in e2e_trl.report([s], type("A", (), {"threads": 2})())
+
+
 def test_algorithm_smoke():
+    """The one smoke run in the fast suite (about 15 s): the pure-tensor benchmark."""
     p = _smoke("algorithm")
     assert p.returncode == 0, p.stderr[-3000:]
     assert "agreement" in p.stdout and "relax/loop" in p.stdout and "grpo+icepop" in p.stdout
