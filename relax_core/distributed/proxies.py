@@ -291,14 +291,15 @@ class RayBackend:
 
     def train_step(self, batch: Any, loss_fn: Any, *, role: str = "actor") -> dict[str, float]:
         """One optimizer step on every rank (see the class docstring).  Returns the
-        backend's result for the global batch: ``loss`` and loss metrics summed over
-        ranks, ``grad_norm`` / ``lr`` of rank 0 (equal on every rank), ``skipped`` and
-        ``nonfinite/*`` if any rank reports them, ``micro_batches`` summed."""
+        backend's result for the global batch, from each replica's reporting rank:
+        ``loss`` and loss metrics summed over replicas, ``grad_norm`` / ``lr`` of replica 0
+        (equal on every rank), ``skipped`` and ``nonfinite/*`` if any replica reports them,
+        ``micro_batches`` summed."""
         recipe = loss_recipe(loss_fn)
         outs = self._reporting(self._all([w.train_step.remote(s, recipe, role)
                                           for w, s in zip(self.workers, self._shards(batch))]))
         result: dict[str, float] = {}
-        for r, (res, _) in enumerate(outs):
+        for res, _ in outs:
             for k, v in res.items():
                 if k in ("grad_norm", "lr"):
                     result.setdefault(k, v)
@@ -315,9 +316,10 @@ class RayBackend:
         return [w for w, d in zip(self.workers, self.dp_ranks) if d == 0]
 
     def engine_state_dict(self) -> Any:
-        """An ``ObjectRef`` of rank 0's full weights (Hugging Face names), taken after the
-        calls already sent to it; :class:`RayEngine` passes it on without a copy through
-        the driver.  (With model parallelism the replica's ranks gather together.)"""
+        """An ``ObjectRef`` of replica 0's full weights (Hugging Face names), taken after
+        the calls already sent to it; :class:`RayEngine` passes it on without a copy through
+        the driver.  (With model parallelism every rank of replica 0 is called: they gather
+        the shards together; the reporting rank's result is used.)"""
         refs = [w.engine_state_dict.remote() for w in self._replica0()]
         return refs[0]
 
