@@ -7,7 +7,9 @@ Layout of a run (one driver process, the ``relax train`` process)::
       ├── RayEngine  (RolloutEngine proxy) ── EngineWorker actor × --rollout-num-engines
       └── RayBackend (TrainBackend proxy)  ── TrainWorker actor × (--actor-num-nodes ×
                                                --actor-num-gpus-per-node), one
-                                               torch.distributed group (gloo / NCCL)
+                                               torch.distributed group (gloo / NCCL);
+                                               data-parallel replicas of TP × CP × PP
+                                               ranks each (as the backend reports)
 
 Workers receive names and a JSON-able config dict and build their components themselves
 from the installed entry points (:func:`relax_core.plugins.default_registry`); only tensors
