@@ -53,11 +53,14 @@ class _TokenLogProbs(torch.autograd.Function):
             for s in range(0, n, chunk):
                 e = min(n, s + chunk)
                 z = _logits(h[s:e], w, b, beta, dt)  # [c, V]
-                lse[s:e] = z.logsumexp(-1)
+                m = z.amax(-1, keepdim=True)  # [c, 1]
+                ez = torch.sub(z, m).exp_()  # exp(z − max z), [c, V]
+                total = ez.sum(-1)  # [c]
+                lse[s:e] = m.squeeze(1) + total.log()
                 logp[s:e] = z.gather(1, targets[s:e, None]).squeeze(1) - lse[s:e]
-                if ent is not None:
-                    p = (z - lse[s:e, None]).exp_()  # softmax(z), [c, V]
-                    ent[s:e] = lse[s:e] - (p[:, None, :] @ z[:, :, None]).flatten()
+                if ent is not None:  # H = lse − Σ p z, with Σ p z = (Σ ez·z) / total
+                    ent[s:e] = lse[s:e] - (ez[:, None, :] @ z[:, :, None]).flatten() / total
+                del ez
                 if top is not None:
                     top[s:e] = z.gather(1, top_ids[s:e]) - lse[s:e, None]
         ctx.save_for_backward(h, w, b, targets, top_ids, lse)
@@ -80,23 +83,22 @@ class _TokenLogProbs(torch.autograd.Function):
                 e = min(h.shape[0], s + chunk)
                 hc = h[s:e].to(dt)
                 z = _logits(h[s:e], w, b, beta, dt)  # [c, V]
-                p = (z - lse[s:e, None]).exp_()  # softmax(z), [c, V]
-                # ∂/∂z = (one-hot terms) − p·(Σ g_logp + Σ g_top + g_ent·(z − Σ p z)); gz is built in z's storage
+                p = torch.sub(z, lse[s:e, None]).exp_()  # softmax(z), [c, V]
+                # β·∂/∂z = β·(one-hot terms) − β p (Σ g_logp + Σ g_top + g_ent (z − Σ p z)), built in z's storage
                 coef = torch.zeros(e - s, 1, dtype=dt, device=h.device)  # total weight of the "−p" terms
                 if g_logp is not None:
                     coef += g_logp[s:e].to(dt)[:, None]
                 if g_top is not None:
                     coef += g_top[s:e].to(dt).sum(-1, keepdim=True)
                 if g_ent is not None:
-                    ez = p[:, None, :] @ z[:, :, None]  # Σ_v p_v z_v, [c, 1, 1]
-                    gz = z.sub_(ez.flatten(1)).mul_(g_ent[s:e].to(dt)[:, None]).add_(coef).mul_(p).neg_()
+                    pz = (p[:, None, :] @ z[:, :, None]).flatten(1)  # Σ_v p_v z_v, [c, 1]
+                    gz = z.sub_(pz).mul_(g_ent[s:e].to(dt)[:, None] * -beta).sub_(coef * beta).mul_(p)
                 else:
-                    gz = p.mul_(coef).neg_()
+                    gz = p.mul_(coef * -beta)
                 if g_logp is not None:
-                    gz.scatter_add_(1, targets[s:e, None], g_logp[s:e].to(dt)[:, None])
+                    gz.scatter_add_(1, targets[s:e, None], g_logp[s:e].to(dt)[:, None] * beta)
                 if g_top is not None:
-                    gz.scatter_add_(1, top_ids[s:e], g_top[s:e].to(dt))
-                gz *= beta
+                    gz.scatter_add_(1, top_ids[s:e], g_top[s:e].to(dt) * beta)
                 if need_h:
                     grad_h[s:e] = (gz @ wd).to(h.dtype)
                 if need_w:
