@@ -10,7 +10,12 @@ the same process and the ratio is printed.  Throughput counts the padded B·T to
 Then M2PO's band solver on n = 1k … 8M harmful tokens: time / (n log2 n) should stay
 roughly flat (the solver is a sort plus prefix sums).
 
-Run:  .venv/bin/python benchmarks/estimators.py [--threads 1] [--quick | --smoke]
+Then the advantage-stage hot paths (``--hot-paths``, also part of the default run): CPU time
+per stage at B = 1280 × T = 1024 (1.3 M padded tokens, prefix masks of lengths in [T/2, T]):
+ppo's GAE, reinforce_plus_plus's shaped returns (each at the default γ = λ = 1 and at γ = 0.99,
+λ = 0.95, and on a mask with holes), m2po's policy loss forward + backward and its solver alone.
+
+Run:  .venv/bin/python benchmarks/estimators.py [--threads 1] [--quick | --smoke | --hot-paths]
 Results of one run are kept in benchmarks/results/estimators.txt.
 """
 
@@ -229,22 +234,72 @@ def solver_scaling(sizes, repeats=3):
     return rows
 
 
+def hot_paths(B, T, repeats):
+    """Median CPU ms of each advantage-stage hot path (module docstring) on one batch."""
+    from relax_m2po.m2po import harmful_delta_sq, solve_bounds
+
+    b = make_batch(B, T, 8)
+    g = torch.Generator().manual_seed(2)
+    values, ref = torch.rand(B, T, generator=g), b["old"] + 0.2 * torch.randn(B, T, generator=g)
+    holes = b["mask"] & (torch.rand(B, T, generator=g) > 0.05)  # 5 % of the valid tokens masked out
+
+    def estimator(name, **kw):
+        spec = default_registry().get("estimator", name).spec
+        cfg = RunConfig(kl_coef=0.01 if name == "reinforce_plus_plus" else 0.0)
+        return spec.build(spec.params(**kw) if kw else spec.default_params(), cfg)
+
+    def advantages(est, mask):
+        inp = AdvantageInput(rewards=b["rewards"], group_index=b["group_index"], loss_mask=mask,
+                             old_log_probs=b["old"], ref_log_probs=ref, values=values)
+        return lambda: est.compute_advantages(inp)
+
+    m2po = build("m2po")
+    adv = b["rewards"].nan_to_num()[:, None].expand(B, T)  # m2po's advantages: the raw rewards
+
+    def m2po_loss():
+        lp = b["log_probs"].clone().requires_grad_(True)
+        out = m2po.policy_loss(PolicyLossInput(log_probs=lp, old_log_probs=b["old"], advantages=adv, loss_mask=b["mask"]))
+        reduce_loss(out.loss, b["mask"], "seq-mean-token-mean").backward()
+
+    d2 = harmful_delta_sq(b["log_probs"] - b["old"], adv, b["mask"]).reshape(-1)  # what the loss hands the solver
+    stages = {
+        "ppo advantages, γ = λ = 1": advantages(estimator("ppo"), b["mask"]),
+        "ppo advantages, γ = 0.99, λ = 0.95": advantages(estimator("ppo", gamma=0.99, lambd=0.95), b["mask"]),
+        "ppo advantages, γ = 0.99, λ = 0.95, holes": advantages(estimator("ppo", gamma=0.99, lambd=0.95), holes),
+        "reinforce_plus_plus advantages, γ = 1": advantages(estimator("reinforce_plus_plus"), b["mask"]),
+        "reinforce_plus_plus advantages, γ = 0.99": advantages(estimator("reinforce_plus_plus", gamma=0.99), b["mask"]),
+        "reinforce_plus_plus advantages, γ = 0.99, holes": advantages(estimator("reinforce_plus_plus", gamma=0.99), holes),
+        "m2po policy loss forward + backward": m2po_loss,
+        "m2po solver alone": lambda: solve_bounds(d2, 0.01, 0.05, 0.05),
+    }
+    print(f"\nadvantage-stage hot paths, B={B}, T={T} ({B * T / 1e6:.2f} M tokens, {int(b['mask'].sum()) / 1e6:.2f} M valid); "
+          f"median CPU ms of {repeats}")
+    for label, fn in stages.items():
+        print(f"{label:<52}{timed(fn, repeats) * 1e3:>10.1f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--quick", action="store_true", help="B=128 and solver sizes up to 1M")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (checks the script runs)")
+    ap.add_argument("--hot-paths", action="store_true", help="only the advantage-stage hot paths")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} cores, {a.threads} thread(s), "
           f"load average {load} (a shared machine: absolute figures are noisy; each ratio is measured side by side)")
+    if a.hot_paths:
+        hot_paths(1280, 1024, repeats=5)
+        return
     check_agreement()
     if a.smoke:
         throughput(16, 64, 8, repeats=1)
+        hot_paths(16, 64, repeats=1)
         solver_scaling([1_000, 4_000], repeats=1)
         return
     throughput(128 if a.quick else 1024, 1024, 8, repeats=3)
+    hot_paths(128 if a.quick else 1280, 1024, repeats=5)
     sizes = [1_000, 4_000, 16_000, 64_000, 256_000, 1_000_000] + ([] if a.quick else [4_000_000, 8_000_000])
     solver_scaling(sizes)
 

@@ -71,6 +71,8 @@ def gae(rewards: Tensor, values: Tensor, loss_mask: Tensor, gamma: float, lambd:
     - holes (tool observations): the valid tokens of each row are first packed to the front
       (:func:`pack_valid`), then the same, then unpacked.
 
+    The hole test counts the blocks of each row (one host sync on an accelerator).
+
     Accuracy (tests, T = 8192 against a float64 loop): 2e-6 at γ = λ = 0.99 (|Â| ≲ 1), one
     rounding at γ = λ = 1.
 
