@@ -6,7 +6,6 @@ register specs only, and heavy modules are imported inside the commands that nee
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Optional
 
@@ -87,6 +86,8 @@ def _print_problems(lines: list[str]) -> None:
 
 
 def _print_dry_run(cfg, resolved, reg) -> None:
+    import json
+
     from relax_core.config import config_to_dict
 
     ctx = resolved.context
@@ -119,6 +120,7 @@ def plugins(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
         return
     reg = _registry()
     if as_json:
+        import json
         typer.echo(json.dumps({"plugins": [p.as_dict() for p in reg.plugins], "problems": reg.problems}, indent=2))
         return
     from rich.console import Console
@@ -217,6 +219,7 @@ def capabilities(
         raise typer.Exit(2)
     reg = _registry()
     if as_json:
+        import json
         typer.echo(json.dumps(matrix_json(reg, kind), indent=2))
     elif markdown:
         typer.echo(matrix_markdown(reg, kind), nl=False)
