@@ -95,6 +95,7 @@ class RunConfig:
     kl_loss_type: str = opt("k1", "KL estimator: k1, k2, k3 or low_var_kl.", choices=KL_TYPES, group="loss")
     ref_load: str | None = opt(None, "Reference model (default: the initial weights of --model).", group="loss")
     use_rollout_logprobs: bool = opt(False, "Use the engine's log-probs as the old policy.", group="loss")
+    compile_loss: bool = opt(False, "Fuse the actor loss (policy loss, corrections, reduction, metrics) with torch.compile (dynamic shapes; compiled once per run, eager fallback with a warning if compilation fails).", group="loss")
 
     # ---- optimizer
     lr: float = opt(3e-5, "Learning rate (AdamW).", gt=0, group="optim")

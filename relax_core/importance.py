@@ -97,18 +97,20 @@ def check_bounds(low: float, high: float, who: str) -> None:
 
 
 def mismatch_metrics(inp: CorrectionInput, token_log_ratio: Tensor, ratio: Tensor, weight: Tensor) -> dict[str, Tensor]:
-    """Token metrics ``[B, T]`` (0 at masked positions) of an importance-weight correction:
-    ``tis`` ρ, ``tis_clipfrac`` 1[w ≠ ρ], ``tis_abs`` |ρ − 1|, ``ois`` p_θ/p_0 (the PPO
-    ratio), ``train_rollout_logprob_abs_diff`` |log num − log q| (token level)."""
-    mask = inp.loss_mask.bool()
-    zero = torch.zeros((), device=ratio.device)
-    ois = torch.exp((inp.log_probs.detach().float() - inp.old_log_probs.detach().float())
-                    .clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    raw = {
-        "tis": ratio,
-        "tis_clipfrac": (weight != ratio).float(),
-        "tis_abs": (ratio - 1).abs(),
-        "ois": ois,
-        "train_rollout_logprob_abs_diff": token_log_ratio.abs(),
-    }
-    return {k: torch.where(mask, v, zero) for k, v in raw.items()}
+    """Token metrics ``[B, T]`` (float32, detached, 0 at masked positions) of an
+    importance-weight correction: ``tis`` ρ, ``tis_clipfrac`` 1[w ≠ ρ], ``tis_abs`` |ρ − 1|,
+    ``ois`` p_θ/p_0 (the PPO ratio), ``train_rollout_logprob_abs_diff`` |log num − log q|
+    (token level).  ``token_log_ratio`` must be 0 and ``ratio``, ``weight`` finite at
+    masked positions (as :func:`behaviour_log_ratio` and :func:`level_log_ratio` give them):
+    they are masked by a multiply, only ``ois`` (from the raw inputs) needs a select."""
+    with torch.no_grad():
+        mask = inp.loss_mask.bool()
+        m = mask.to(torch.float32)
+        ppo_log_ratio = torch.where(mask, inp.log_probs.detach().float() - inp.old_log_probs.detach().float(), 0.0)
+        return {
+            "tis": ratio * m,
+            "tis_clipfrac": (weight != ratio).to(torch.float32) * m,
+            "tis_abs": (ratio - 1).abs_() * m,
+            "ois": ppo_log_ratio.clamp_(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp_() * m,
+            "train_rollout_logprob_abs_diff": token_log_ratio.abs(),
+        }

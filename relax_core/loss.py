@@ -22,9 +22,12 @@ backend does with the per-micro-batch dicts.
 
 from __future__ import annotations
 
+import types
+import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
+import torch
 from torch import Tensor
 
 from relax_core.contracts import CorrectionInput, ForwardOutput, PolicyLossInput, TrainBatch
@@ -42,6 +45,7 @@ class LossSettings:
     kl_loss_type: str
     entropy_coef: float
     policy_loss_kind: str
+    compile_loss: bool = False
 
     @classmethod
     def from_config(cls, cfg: Any, policy_loss_kind: str) -> "LossSettings":
@@ -53,6 +57,7 @@ class LossSettings:
             kl_loss_type=cfg.kl_loss_type,
             entropy_coef=cfg.entropy_coef,
             policy_loss_kind=policy_loss_kind,
+            compile_loss=cfg.compile_loss,
         )
 
 
@@ -92,6 +97,127 @@ class _LossMetrics:
             self._acc.add(name.removeprefix("train/"), value)
 
 
+def actor_loss_terms(estimator: Any, corrections: list[Any], s: LossSettings, process_group: Any, *,
+                     log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor,
+                     rollout_log_probs: Tensor | None, ref_log_probs: Tensor | None, entropy: Tensor | None,
+                     top_k_ids: Tensor | None, top_k_log_probs: Tensor | None,
+                     train_top_k_log_probs: Tensor | None, response_ids: Tensor | None,
+                     num_tokens: Tensor, num_samples: Tensor) -> tuple[Tensor, dict[str, Tensor], dict[str, Any]]:
+    """The pure per-token part of the actor loss of one micro-batch: policy loss →
+    corrections → the run's reduction (+ KL loss − entropy bonus) → token-metric means.
+    Tensors in, tensors out, no host synchronisation, so that ``--compile-loss`` can fuse
+    it with ``torch.compile``.
+
+    Args:
+        estimator, corrections, s, process_group: as :class:`ActorLoss`.
+        log_probs: ``[b, T]`` log π_θ (requires grad).
+        old_log_probs, advantages, rollout_log_probs, ref_log_probs: ``[b, T]`` (detached).
+        loss_mask: bool ``[b, T]``.
+        entropy: ``[b, T]`` or ``None``.
+        top_k_ids, top_k_log_probs, train_top_k_log_probs: ``[b, T, k]`` or ``None``.
+        response_ids: ``[b, T]`` or ``None``.
+        num_tokens, num_samples: 0-dim float32 tensors, the global batch's denominators
+            (tensors, not Python floats, so that a compiled graph does not specialise on
+            their values and recompile at every step).
+
+    Returns:
+        ``(loss, metrics, scalar_metrics)``: the 0-dim loss (with grad); this micro-batch's
+        0-dim detached contributions to the global-batch metrics (``pg_loss``,
+        ``kl_loss``, ``entropy``, ``loss`` and each token metric's masked mean over
+        ``num_tokens``); the estimator's and corrections' scalar metrics as they return them.
+    """
+    mask = loss_mask
+    pl = estimator.policy_loss(PolicyLossInput(
+        log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages, loss_mask=mask,
+        rollout_log_probs=rollout_log_probs, process_group=process_group))
+    per_token, token_metrics, scalar_metrics = pl.loss, dict(pl.token_metrics), dict(pl.scalar_metrics)
+    is_weight = next((c.is_weight for c in corrections if callable(getattr(c, "is_weight", None))), None)
+    for corr in corrections:
+        co = corr.apply(CorrectionInput(
+            loss=per_token, log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages,
+            loss_mask=mask, policy_loss_kind=s.policy_loss_kind, rollout_log_probs=rollout_log_probs,
+            top_k_ids=top_k_ids, top_k_log_probs=top_k_log_probs, train_top_k_log_probs=train_top_k_log_probs,
+            is_weight=is_weight, response_ids=response_ids))
+        per_token = co.loss
+        token_metrics.update(co.token_metrics)
+        scalar_metrics.update(co.scalar_metrics)
+
+    def reduce(x: Tensor) -> Tensor:
+        return reduce_loss(x, mask, s.reduction, num_tokens=num_tokens, num_samples=num_samples,
+                           norm_constant=s.norm_constant)
+
+    pg_loss = reduce(per_token)
+    loss = pg_loss
+    metrics = {"pg_loss": pg_loss.detach()}
+    if s.use_kl_loss:
+        kl_loss = reduce(kl_estimate(log_probs, ref_log_probs, s.kl_loss_type, mask=mask))
+        loss = loss + s.kl_loss_coef * kl_loss
+        metrics["kl_loss"] = kl_loss.detach()
+    if entropy is not None:
+        ent = reduce(entropy)
+        if s.entropy_coef > 0:
+            loss = loss - s.entropy_coef * ent
+        metrics["entropy"] = ent.detach()
+    metrics["loss"] = loss.detach()
+    if rollout_log_probs is not None and "train_rollout_logprob_abs_diff" not in token_metrics:  # tis/icepop give their own
+        diff = torch.where(mask, log_probs.detach().float() - rollout_log_probs.float(), 0.0)  # [b, T]
+        token_metrics["train_rollout_logprob_abs_diff"] = diff.abs_()
+    weights = mask.to(torch.float32)  # [b, T], once for every metric
+    for name, x in token_metrics.items():
+        metrics[name] = token_metric_mean(x, weights, num_tokens=num_tokens)
+    return loss, metrics, scalar_metrics
+
+
+class _FusedTerms:
+    """:func:`actor_loss_terms` of one (estimator, corrections, settings, process group)
+    through ``torch.compile(dynamic=True)``: the micro-batch shape ``[b, T]`` changes from
+    step to step, and with dynamic shapes a new shape does not recompile.  Graph breaks in
+    a plugin's code are fine (the pieces between them are compiled).  If compiling fails
+    (no working C++ compiler or Triton, an operation the compiler rejects) it warns once and
+    runs eager from then on."""
+
+    def __init__(self, eager: Callable[..., Any]) -> None:
+        self.eager = eager
+        self.compiled: Callable[..., Any] | None = torch.compile(eager, dynamic=True)
+
+    def __call__(self, **tensors: Any) -> Any:
+        if self.compiled is not None:
+            try:
+                return self.compiled(**tensors)
+            except torch._dynamo.exc.TorchDynamoException as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                warnings.warn(f"--compile-loss: torch.compile failed, the actor loss runs eager from now on "
+                              f"({type(e).__name__}: {first})", RuntimeWarning, stacklevel=3)
+                self.compiled = None
+        return self.eager(**tensors)
+
+
+#: The compiled loss functions, reused by every micro-batch and step of a run (the trainer
+#: builds one ``ActorLoss`` per optimizer step).  Keyed by the components' identity; each
+#: entry holds its components, so an ``id`` is not reused while its entry exists.
+_FUSED: dict[tuple, tuple[tuple, _FusedTerms]] = {}
+_FUSED_MAX = 8
+
+
+def _terms_fn(estimator: Any, corrections: list[Any], s: LossSettings, process_group: Any) -> Callable[..., Any]:
+    """:func:`actor_loss_terms` bound to the components: eager, or the cached compiled one."""
+    def terms(**tensors: Any) -> Any:
+        return actor_loss_terms(estimator, corrections, s, process_group, **tensors)
+
+    if not s.compile_loss:
+        return terms
+    key = (id(estimator), tuple(id(c) for c in corrections), s, id(process_group))
+    if key not in _FUSED:
+        if len(_FUSED) >= _FUSED_MAX:
+            _FUSED.pop(next(iter(_FUSED)))
+        # dynamo keeps its compiled graphs per code object, at most recompile_limit (8) of
+        # them: each component set gets its own code object, so that a process building
+        # several (tests, benchmarks) does not fall back to eager after the eighth
+        own = types.FunctionType(terms.__code__.replace(), terms.__globals__, terms.__name__, None, terms.__closure__)
+        _FUSED[key] = ((estimator, tuple(corrections), process_group), _FusedTerms(own))
+    return _FUSED[key][1]
+
+
 class ActorLoss(_LossMetrics):
     """``loss_fn(micro_batch, forward_output) -> (loss, metrics)`` for the actor's
     ``train_step`` over one global batch.
@@ -99,7 +225,10 @@ class ActorLoss(_LossMetrics):
     Args:
         estimator: the estimator object (``policy_loss``).
         corrections: correction objects in application order (``apply``).
-        settings: :class:`LossSettings`.
+        settings: :class:`LossSettings`.  With ``compile_loss`` (``--compile-loss``) the
+            per-token part (:func:`actor_loss_terms`) runs through ``torch.compile``,
+            compiled at the run's first micro-batch and reused after (same values, one
+            fused kernel instead of one pass over memory per operation).
         num_tokens / num_samples: the global batch's valid tokens and samples.
         old_from_current: use ``detach(log π_θ)`` as ``log π_old`` (exactly one update per
             rollout with the engine and the trainer on the same weights); else
@@ -127,59 +256,28 @@ class ActorLoss(_LossMetrics):
         self.process_group = process_group
         self.needs_entropy = True  # train/entropy is always reported
         self.needs_top_k = any(getattr(c, "needs_top_k", False) for c in corrections)
-        self.is_weight = next((c.is_weight for c in corrections if callable(getattr(c, "is_weight", None))), None)
+        self._terms = _terms_fn(estimator, corrections, settings, process_group)
         self._acc = _Accumulator()
-        self._scalar_weight = 0.0
-
-    def _reduce(self, x: Tensor, mask: Tensor) -> Tensor:
-        return reduce_loss(x, mask, self.s.reduction, num_tokens=self.num_tokens,
-                           num_samples=self.num_samples, norm_constant=self.s.norm_constant)
 
     def __call__(self, mb: TrainBatch, out: ForwardOutput) -> tuple[Tensor, dict[str, float]]:
         t = mb.tensors
-        mask = mb.loss_mask.bool()  # [b, T]
         log_probs = out.log_probs  # [b, T], requires grad
-        old = log_probs.detach() if self.old_from_current else t["old_log_probs"]
-        rollout_lp = t.get("rollout_log_probs")
-        pl = self.estimator.policy_loss(PolicyLossInput(
-            log_probs=log_probs, old_log_probs=old, advantages=t["advantages"], loss_mask=mask,
-            rollout_log_probs=rollout_lp, process_group=self.process_group))
-        per_token, token_metrics, scalar_metrics = pl.loss, dict(pl.token_metrics), dict(pl.scalar_metrics)
-        for corr in self.corrections:
-            co = corr.apply(CorrectionInput(
-                loss=per_token, log_probs=log_probs, old_log_probs=old, advantages=t["advantages"],
-                loss_mask=mask, policy_loss_kind=self.s.policy_loss_kind, rollout_log_probs=rollout_lp,
-                top_k_ids=t.get("top_k_ids"), top_k_log_probs=t.get("top_k_log_probs"),
-                train_top_k_log_probs=out.top_k_log_probs, is_weight=self.is_weight,
-                response_ids=mb.response_ids))
-            per_token = co.loss
-            token_metrics.update(co.token_metrics)
-            scalar_metrics.update(co.scalar_metrics)
-
-        pg_loss = self._reduce(per_token, mask)
-        loss = pg_loss
-        acc = self._acc
-        acc.add("pg_loss", pg_loss)
-        if self.s.use_kl_loss:
-            kl = kl_estimate(log_probs, t["ref_log_probs"], self.s.kl_loss_type, mask=mask)  # [b, T]
-            kl_loss = self._reduce(kl, mask)
-            loss = loss + self.s.kl_loss_coef * kl_loss
-            acc.add("kl_loss", kl_loss)
-        if out.entropy is not None:
-            ent = self._reduce(out.entropy, mask)
-            if self.s.entropy_coef > 0:
-                loss = loss - self.s.entropy_coef * ent
-            acc.add("entropy", ent)
-        acc.add("loss", loss)
-        for name, x in token_metrics.items():
-            acc.add(name, token_metric_mean(x, mask, num_tokens=self.num_tokens))
-        if rollout_lp is not None and "train_rollout_logprob_abs_diff" not in token_metrics:  # tis/icepop give their own
-            diff = (log_probs.detach() - rollout_lp).abs()
-            acc.add("train_rollout_logprob_abs_diff", token_metric_mean(diff, mask, num_tokens=self.num_tokens))
-        share = mask.shape[0] / self.num_samples  # scalar metrics: sample-weighted mean
+        dev = log_probs.device
+        loss, metrics, scalar_metrics = self._terms(
+            log_probs=log_probs, old_log_probs=log_probs.detach() if self.old_from_current else t["old_log_probs"],
+            advantages=t["advantages"], loss_mask=mb.loss_mask.bool(), rollout_log_probs=t.get("rollout_log_probs"),
+            ref_log_probs=t["ref_log_probs"] if self.s.use_kl_loss else None, entropy=out.entropy,
+            top_k_ids=t.get("top_k_ids"), top_k_log_probs=t.get("top_k_log_probs"),
+            train_top_k_log_probs=out.top_k_log_probs, response_ids=mb.response_ids,
+            num_tokens=torch.tensor(float(self.num_tokens), device=dev),
+            num_samples=torch.tensor(float(self.num_samples), device=dev))
+        values = dict(zip(metrics, torch.stack([v.float() for v in metrics.values()]).tolist()))  # one sync
+        for name, v in values.items():
+            self._acc.add(name, v)
+        share = mb.loss_mask.shape[0] / self.num_samples  # scalar metrics: sample-weighted mean
         for name, x in scalar_metrics.items():
-            acc.add(name, (x.detach().float() if isinstance(x, Tensor) else float(x)) * share)
-        return loss, {"loss": float(loss.detach())}
+            self._acc.add(name, (x.detach().float() if isinstance(x, Tensor) else float(x)) * share)
+        return loss, {"loss": values["loss"]}
 
 
 class CriticLoss(_LossMetrics):

@@ -81,10 +81,12 @@ def ppo_clip(ratio: Tensor, advantages: Tensor, eps_low: Bound, eps_high: Bound,
     """
     A = advantages
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
-    surr = -A * ratio
-    surr_clipped = -A * torch.clamp(ratio, lo, hi)
-    loss = torch.maximum(surr, surr_clipped)
-    clipped = ((A > 0) & (ratio > hi)) | ((A < 0) & (ratio < lo))
+    clamped = torch.clamp(ratio, lo, hi)
+    loss = torch.maximum(-A * ratio, -A * clamped)
+    # (A > 0 ∧ r > hi) ∨ (A < 0 ∧ r < lo) in one comparison: r − clip(r) is > 0 above the
+    # band, < 0 below it and exactly 0 inside (|A·(r − clip(r))| would have to underflow
+    # below 1e-45 to miss a clipped token)
+    clipped = A * (ratio - clamped) > 0
     if eps_clip_c is not None:
         if not eps_clip_c > 1.0:
             raise ValueError(f"dual clip needs eps_clip_c > 1, got {eps_clip_c}")
@@ -119,13 +121,13 @@ def ppo_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, 
         ValueError: ``eps_clip_c`` given and not > 1.
     """
     mask = loss_mask.bool()
-    log_ratio = masked_log_ratio(log_probs, old_log_probs, mask)
-    A = masked_advantages(advantages, mask)
+    log_ratio = masked_log_ratio(log_probs, old_log_probs, mask)  # 0 at masked positions
+    A = masked_advantages(advantages, mask)  # 0 at masked positions
     high = eps_clip if eps_clip_high is None else eps_clip_high
+    # with A = 0 and r = 1 at masked positions, the loss and the clip indicator are 0 there
+    # without another masking pass
     loss, clipped = ppo_clip(torch.exp(log_ratio), A, eps_clip, high, eps_clip_c)
-    return PolicyLossOutput(loss=_mask(loss, mask),
-                            token_metrics={"pg_clipfrac": _mask(clipped, mask),
-                                           "ppo_kl": -log_ratio.detach()})
+    return PolicyLossOutput(loss=loss, token_metrics={"pg_clipfrac": clipped, "ppo_kl": -log_ratio.detach()})
 
 
 def reinforce_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,

@@ -118,6 +118,8 @@ def _token_metrics(metrics: Any, mask: Tensor, name: str) -> None:
     for k, v in metrics.items():
         _tensor(v, f"{name}[{k!r}]", tuple(mask.shape))
         _finite_at(v, mask, f"{name}[{k!r}]")
+        bad = int((~torch.isfinite(v.detach()) & ~mask).sum())  # the core reduces them as Σ mask·x, no select
+        require(not bad, f"{name}[{k!r}] is not finite at {bad} masked position(s) (give 0 there)")
 
 
 def _same(a: Tensor | None, b: Tensor | None, mask: Tensor | None, what: str) -> None:

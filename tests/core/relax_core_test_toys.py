@@ -95,7 +95,7 @@ class ToyReinforce:
         loss = -adv * ratio
         if self.variant == "wrong_shape":
             loss = loss.sum(-1)
-        return PolicyLossOutput(loss=loss, token_metrics={"ppo_kl": (-log_ratio).detach()})
+        return PolicyLossOutput(loss=loss, token_metrics={"ppo_kl": masked_fill_zero(-log_ratio.detach(), mask)})
 
 
 def build_toy_reinforce(params, config):
