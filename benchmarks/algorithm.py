@@ -10,7 +10,12 @@ One *algorithm stage* is what the trainer runs between the model's forward and b
 Three ways of doing the same work on the same tensors, alternated and repeated in one process:
 
 - **relax**: the installed plugins through ``ActorLoss`` (exactly the trainer's code path;
-  the metrics ``pg_clipfrac``, ``ppo_kl`` and the corrections' metrics included).
+  the metrics ``pg_clipfrac``, ``ppo_kl`` and the corrections' metrics included), eager
+  (the default) and with ``--compile-loss`` (``ActorLoss`` built as the trainer builds it
+  with the flag on: its per-token part through ``torch.compile``; the advantages stay
+  eager).  The compiled side is compiled once per variant, in the agreement check, and
+  reused at every size (dynamic shapes): the compile time is printed, not counted in the
+  per-step figures.
 - **loop**: the same formulas written the way the peers' public code writes them: group
   statistics with a Python loop over groups (:func:`estimators.loop_advantages`), returns
   (GAE, REINFORCE++) with a Python loop over each sample's tokens, the loss one sample at a
@@ -40,7 +45,8 @@ of samples; ``--loop-8m`` runs it for every variant).
 
 Then M2PO's band solver from n = 1 k to 8 M harmful tokens (:func:`estimators.solver_scaling`).
 
-Run:  .venv/bin/python benchmarks/algorithm.py [--threads 1] [--smoke] [--loop-8m]
+Run:  .venv/bin/python benchmarks/algorithm.py [--threads 1] [--smoke] [--loop-8m] [--no-compile]
+      [--sizes 64k,1M,8M] [--variants grpo,grpo+tis,...]
 """
 
 from __future__ import annotations
@@ -107,13 +113,14 @@ def input_bytes(est: str, corr: tuple[str, ...], B: int, T: int) -> int:
 
 
 class RelaxStage:
-    """The trainer's path: ``compute_advantages`` then ``ActorLoss`` and backward."""
+    """The trainer's path: ``compute_advantages`` then ``ActorLoss`` and backward (with
+    ``compile_loss``: ``--compile-loss``)."""
 
-    def __init__(self, est: str, corr: tuple[str, ...]) -> None:
+    def __init__(self, est: str, corr: tuple[str, ...], compile_loss: bool = False) -> None:
         reg = default_registry()
         self.cfg = RunConfig(advantage_estimator=est, eps_clip=EPS, eps_clip_high=EPS_HIGH,
                              calculate_per_token_loss=est in TOKEN_MEAN, n_samples_per_prompt=8,
-                             kl_coef=KL_COEF if est == "reinforce_plus_plus" else 0.0)
+                             kl_coef=KL_COEF if est == "reinforce_plus_plus" else 0.0, compile_loss=compile_loss)
         spec = reg.get("estimator", est).spec
         params = spec.default_params()
         if est == "m2po":  # a budget that binds on these inputs, as in benchmarks/estimators.py
@@ -315,134 +322,146 @@ def _time(fn) -> float:
     return time.process_time() - t0
 
 
-def check_agreement() -> None:
+def build_stages(variants: list[tuple[str, tuple[str, ...]]], compiled: bool) -> dict[str, dict]:
+    """Each variant's relax stages, built once: ``eager``, and ``compiled`` (``--compile-loss``)
+    unless ``compiled`` is False; the compiled ones are compiled here (``compile_s``: wall
+    seconds of the first call, on a small batch) and reused at every size."""
     b = make_batch(48, 40, seed=1)
-    for est, corr in VARIANTS:
-        lv, gv = RelaxStage(est, corr)(b)
+    stages = {}
+    for est, corr in variants:
+        st = {"eager": RelaxStage(est, corr)}
+        if compiled:
+            st["compiled"] = RelaxStage(est, corr, compile_loss=True)
+            t0 = time.perf_counter()
+            st["compiled"](b)
+            st["compile_s"] = time.perf_counter() - t0
+        stages[label(est, corr)] = st
+    return stages
+
+
+def check_agreement(variants: list[tuple[str, tuple[str, ...]]], stages: dict[str, dict]) -> None:
+    b = make_batch(48, 40, seed=1)
+    for est, corr in variants:
+        name = label(est, corr)
+        lv, gv = stages[name]["eager"](b)
         gv = gv.clone()
         ll, gl = loop_stage(est, corr, b)
-        name = label(est, corr)
         torch.testing.assert_close(lv, ll, atol=1e-5, rtol=1e-5, msg=f"{name}: loss differs")
         torch.testing.assert_close(gv, torch.where(b["mask"], gl, 0.0), atol=1e-6, rtol=1e-4,
                                    msg=f"{name}: gradient differs")
+        if "compiled" in stages[name]:
+            lc, gc = stages[name]["compiled"](b)
+            torch.testing.assert_close(lc, lv, atol=1e-7, rtol=1e-5, msg=f"{name}: compiled loss differs")
+            torch.testing.assert_close(gc, gv, atol=1e-8, rtol=1e-5, msg=f"{name}: compiled gradient differs")
     lv, gv = RelaxStage("grpo", ())(b)
     gv = gv.clone()
     ll, gl = lean_grpo_stage(b)
     torch.testing.assert_close(lv, ll, atol=1e-6, rtol=1e-5, msg="lean grpo: loss differs")
     torch.testing.assert_close(gv, gl, atol=1e-7, rtol=1e-5, msg="lean grpo: gradient differs")
+    compiled = [n for n in stages if "compiled" in stages[n]]
     print(f"agreement (B=48, T=40): relax and loop give the same loss and gradient for "
-          f"{', '.join(label(*v) for v in VARIANTS)}; so does the lean grpo reference")
+          f"{', '.join(label(*v) for v in variants)}; so does the lean grpo reference"
+          + ("; so does relax compiled (--compile-loss)" if compiled else ""))
+    if compiled:
+        print("compile time (--compile-loss, once per variant, wall s, not counted below): "
+              + ", ".join(f"{n} {stages[n]['compile_s']:.1f}" for n in compiled))
+    else:
+        print("relax compiled (--compile-loss): not measured in this run (--smoke or --no-compile)")
 
 
-def run_size(name: str, B: int, repeats: int, loop_repeats: int, loop_variants: set[str]) -> list[dict]:
+def run_size(name: str, B: int, repeats: int, loop_repeats: int, loop_variants: set[str],
+             variants: list[tuple[str, tuple[str, ...]]], stages: dict[str, dict]) -> list[dict]:
     b = make_batch(B, T_LEN)
     tokens = B * T_LEN
     probe, probe_bytes = bandwidth_probe(B, T_LEN)
     probe()  # warm-up
     print(f"\n{name} tokens: B={B} × T={T_LEN} = {tokens:,} padded ({int(b['mask'].sum()):,} valid), groups of 8; "
-          f"median of {repeats} (relax, floor) / {loop_repeats} (loop) alternated runs")
-    print(f"{'variant':<30}{'relax tok/s':>14}{'loop tok/s':>13}{'floor tok/s':>14}"
-          f"{'relax/loop':>12}{'relax/floor':>13}")
+          f"median of {repeats} (relax, compiled, floor) / {loop_repeats} (loop) alternated runs")
+    print(f"{'variant':<30}{'relax tok/s':>13}{'compiled tok/s':>16}{'loop tok/s':>13}{'floor tok/s':>15}"
+          f"{'relax/loop':>12}{'compiled/loop':>15}{'relax/floor':>13}{'compiled/floor':>16}")
     rows = []
-    for est, corr in VARIANTS:
+
+    def col(x: float, width: int, fmt: str, unit: str = "") -> str:
+        return f"{f'{x:{fmt}}{unit}' if math.isfinite(x) else '-':>{width}}"
+
+    def line(lab: str, t: dict) -> str:
+        return (f"{lab:<30}{col(tokens / t['relax_s'], 13, ',.0f')}{col(tokens / t['compiled_s'], 16, ',.0f')}"
+                f"{col(tokens / t['loop_s'], 13, ',.0f')}{col(tokens / t['floor_s'], 15, ',.0f')}"
+                f"{col(t['loop_s'] / t['relax_s'], 12, '.1f', 'x')}{col(t['loop_s'] / t['compiled_s'], 15, '.1f', 'x')}"
+                f"{col(t['relax_s'] / t['floor_s'], 13, '.1f', 'x')}{col(t['compiled_s'] / t['floor_s'], 16, '.1f', 'x')}")
+
+    for est, corr in variants:
         lab = label(est, corr)
-        stage = RelaxStage(est, corr)
+        stage, compiled = stages[lab]["eager"], stages[lab].get("compiled")
         stage(b)  # warm-up (allocator, lazy imports)
+        if compiled:
+            compiled(b)
         do_loop = lab in loop_variants
-        tr, tl, tp = [], [], []
+        tr, tc, tl, tp = [], [], [], []
         for k in range(repeats):
             tr.append(_time(lambda: stage(b)))
+            if compiled:
+                tc.append(_time(lambda: compiled(b)))
             tp.append(min(_time(probe) for _ in range(5)))
             if do_loop and k < loop_repeats:
                 tl.append(_time(lambda: loop_stage(est, corr, b)))
-        r, p = statistics.median(tr), min(tp)
-        floor = p * input_bytes(est, corr, B, T_LEN) / probe_bytes
-        lo = statistics.median(tl) if tl else math.nan
-        row = dict(size=name, variant=lab, tokens=tokens, relax_s=r, loop_s=lo, floor_s=floor,
-                   bandwidth_gbs=probe_bytes / p / 1e9)
-        rows.append(row)
-        loop_col = f"{tokens / lo:>13,.0f}" if tl else f"{'-':>13}"
-        ratio_col = f"{lo / r:>11.1f}x" if tl else f"{'-':>12}"
-        print(f"{lab:<30}{tokens / r:>14,.0f}{loop_col}{tokens / floor:>14,.0f}{ratio_col}{r / floor:>12.1f}x")
-    tn = []
-    for _ in range(repeats):
-        tn.append(_time(lambda: lean_grpo_stage(b)))
-    lean = statistics.median(tn)
-    grpo = rows[0]
-    rows.append(dict(size=name, variant="grpo, lean reference", tokens=tokens, relax_s=lean, loop_s=grpo["loop_s"],
-                     floor_s=grpo["floor_s"], bandwidth_gbs=grpo["bandwidth_gbs"]))
-    loop_col = f"{tokens / grpo['loop_s']:>13,.0f}" if math.isfinite(grpo["loop_s"]) else f"{'-':>13}"
-    ratio_col = f"{grpo['loop_s'] / lean:>11.1f}x" if math.isfinite(grpo["loop_s"]) else f"{'-':>12}"
-    print(f"{'grpo, lean reference':<30}{tokens / lean:>14,.0f}{loop_col}{tokens / grpo['floor_s']:>14,.0f}"
-          f"{ratio_col}{lean / grpo['floor_s']:>12.1f}x")
+        p = min(tp)
+        rows.append(dict(size=name, variant=lab, tokens=tokens, relax_s=statistics.median(tr),
+                         compiled_s=statistics.median(tc) if tc else math.nan,
+                         loop_s=statistics.median(tl) if tl else math.nan,
+                         floor_s=p * input_bytes(est, corr, B, T_LEN) / probe_bytes, bandwidth_gbs=probe_bytes / p / 1e9))
+        print(line(lab, rows[-1]))
+    if ("grpo", ()) in variants:
+        tn = []
+        for _ in range(repeats):
+            tn.append(_time(lambda: lean_grpo_stage(b)))
+        grpo = rows[variants.index(("grpo", ()))]
+        rows.append(dict(grpo, variant="grpo, lean reference", relax_s=statistics.median(tn), compiled_s=math.nan))
+        print(line("grpo, lean reference", rows[-1]))
     print(f"(floor: measured elementwise bandwidth {statistics.median(x['bandwidth_gbs'] for x in rows):.1f} GB/s; "
-          f"relax/loop = speed-up over the loop, relax/floor = how many times the floor Relax takes)")
+          f"x/loop = speed-up over the loop, x/floor = how many times the floor x takes; "
+          f"relax = eager (the default), compiled = --compile-loss, compile time excluded)")
     return rows
-
-
-def compile_demo(B: int = 1024, repeats: int = 3) -> None:
-    """What fusion buys: grpo's per-token loss + reduction + metrics (the part after the
-    advantages) eager vs ``torch.compile`` (inductor, CPU), same inputs, alternated."""
-    from relax_core.numerics import reduce_loss
-    from relax_core.policy import ppo_clip_loss
-
-    b = make_batch(B, T_LEN)
-    mask, old, lp = b["mask"], b["old"], b["log_probs"]
-    adv = torch.randn(B, generator=torch.Generator().manual_seed(0))[:, None].expand(B, T_LEN).contiguous()
-
-    def loss_and_metrics(x):
-        out = ppo_clip_loss(x, old, adv, mask, EPS, EPS_HIGH)
-        return (reduce_loss(out.loss, mask, "seq-mean-token-mean"),
-                [reduce_loss(v.detach(), mask, "token-mean") for v in out.token_metrics.values()])
-
-    def run(f):
-        lp.grad = None
-        loss, metrics = f(lp)
-        loss.backward()
-        return [float(m) for m in metrics]
-
-    compiled = torch.compile(loss_and_metrics)
-    t0 = time.perf_counter()
-    run(compiled)
-    t_compile = time.perf_counter() - t0
-    probe, probe_bytes = bandwidth_probe(B, T_LEN)
-    probe()
-    te, tc, tp = [], [], []
-    for _ in range(repeats):
-        te.append(_time(lambda: run(loss_and_metrics)))
-        tc.append(_time(lambda: run(compiled)))
-        tp.append(min(_time(probe) for _ in range(5)))
-    floor = min(tp) * input_bytes("grpo", (), B, T_LEN) / probe_bytes
-    e, c = statistics.median(te), statistics.median(tc)
-    print(f"\nfusion demo (grpo policy loss + reduction + metrics, forward + backward, {B * T_LEN:,} tokens): "
-          f"eager {e * 1e3:.1f} ms, torch.compile {c * 1e3:.1f} ms ({e / c:.1f}x faster; compile took {t_compile:.0f} s); "
-          f"floor {floor * 1e3:.2f} ms: eager {e / floor:.0f}x, compiled {c / floor:.0f}x the floor")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    ap.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat (checks the script runs)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny sizes, one repeat, no compiled side (checks the script runs)")
     ap.add_argument("--loop-8m", action="store_true", help="run the loop at 8 M tokens for every variant (slow)")
-    ap.add_argument("--compile-demo", action="store_true",
-                    help="also time grpo's loss eager vs torch.compile at 1 M tokens (compiling takes a minute or more)")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="skip the --compile-loss side (compiling takes about 10-30 s per variant)")
+    ap.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated subset of {','.join(SIZES)}")
+    ap.add_argument("--variants", default=None, help="comma-separated subset of "
+                    f"{','.join(label(*v) for v in VARIANTS)} (default: all; the M2PO solver scaling runs "
+                    "only with all of them)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    names = {label(*v): v for v in VARIANTS}
+    if a.variants is not None and (unknown := set(a.variants.split(",")) - set(names)):
+        ap.error(f"unknown variant(s) {', '.join(sorted(unknown))}")
+    variants = VARIANTS if a.variants is None else [names[n] for n in a.variants.split(",")]
+    sizes = a.sizes.split(",")
+    if unknown := set(sizes) - set(SIZES):
+        ap.error(f"unknown size(s) {', '.join(sorted(unknown))}; choose from {', '.join(SIZES)}")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"algorithm stage: torch {torch.__version__}, python {platform.python_version()}, {platform.machine()}, "
           f"{os.cpu_count()} cores, {a.threads} thread(s), load average {load}")
-    check_agreement()
-    everything = {label(*v) for v in VARIANTS}
+    stages = build_stages(variants, compiled=not (a.smoke or a.no_compile))
+    check_agreement(variants, stages)
+    everything = {label(*v) for v in variants}
     if a.smoke:
-        run_size("smoke", 16, 1, 1, everything)
+        run_size("smoke", 16, 1, 1, everything, variants, stages)
         group_bench.solver_scaling([1_000, 4_000], repeats=1)
         return
-    run_size("64k", SIZES["64k"], 5, 3, everything)
-    run_size("1M", SIZES["1M"], 3, 2, everything)
-    run_size("8M", SIZES["8M"], 2, 1, everything if a.loop_8m else {"grpo"})
-    group_bench.solver_scaling([1_000, 4_000, 16_000, 64_000, 256_000, 1_000_000, 4_000_000, 8_000_000], repeats=2)
-    if a.compile_demo:
-        compile_demo()
+    plan = {"64k": (5, 3, everything), "1M": (3, 2, everything),
+            "8M": (2, 1, everything if a.loop_8m else {"grpo"})}
+    for size in sizes:
+        run_size(size, SIZES[size], *plan[size], variants, stages)
+    if a.variants is None:
+        group_bench.solver_scaling([1_000, 4_000, 16_000, 64_000, 256_000, 1_000_000, 4_000_000, 8_000_000],
+                                   repeats=2)
 
 
 if __name__ == "__main__":
