@@ -41,7 +41,7 @@ timeout "$LIMIT_S" "$PY" -c "from cli.main import app; app()" train \
   --train-backend megatron --device "$DEVICE" \
   --rollout-batch-size "$ROLLOUT_BATCH_SIZE" --n-samples-per-prompt "$N_SAMPLES" \
   --rollout-max-response-len "$MAX_RESPONSE_LEN" --num-rollout 2 --lr 1e-5 \
-  --use-kl-loss --kl-loss-coef 0.01 \
+  --use-kl-loss --kl-loss-coef 0.01 --kl-loss-type k3 \
   --output-dir "$RUN_DIR" --run-name run --quiet --no-save-hf --seed 1
 end=$(date +%s)
 

@@ -28,7 +28,8 @@ def test_tensor_parallel_two_workers_equal_one(tiny_model_dir, prompts_file, tmp
         # --colocate: the engine shares training bundle 0 (the test cluster has 2 CPUs)
         code, out = run_train(ray_args(tiny_model_dir, prompts_file, tmp_path, name, "--train-backend", "megatron",
                                        "--num-rollout", "2", "--colocate", "--micro-batch-size", "4",
-                                       "--use-kl-loss", "--kl-loss-coef", "0.01", "--lr", "1e-3", *extra))
+                                       "--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-loss-type", "k3", "--lr", "1e-3",
+                                       *extra))
         assert code == 0, out
         runs[name] = (read_metrics(tmp_path / name), trained(tmp_path / name))
     (one, one_log), (two, two_log) = runs["tp1"], runs["tp2"]
