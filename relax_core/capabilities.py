@@ -9,6 +9,7 @@ startup validator (:mod:`relax_core.validation`), ``relax capabilities`` and the
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -114,6 +115,46 @@ def _dev(ctx: Context, caps: Any) -> str | None:
     if want != "auto" and want not in caps.devices:
         return f"runs on {', '.join(sorted(caps.devices))}, but --device is {want}"
     return None
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _unmet(ctx: Context, caps: Any, field: str) -> list[str]:
+    """The requirements (``BackendCapabilities.requires``) of capability ``field`` that this
+    run does not meet: ``cuda`` needs ``--device cuda``, or ``auto`` with CUDA visible to
+    the validating process; any other requirement is a module that must be importable."""
+    out = []
+    for entry in sorted(getattr(caps, "requires", ())):
+        name, _, req = entry.partition(":")
+        if name != field:
+            continue
+        if req == "cuda":
+            dev = ctx.cfg.device
+            if dev == "cpu" or dev == "auto" and not _cuda_visible():
+                out.append("a CUDA device (--device cpu)" if dev == "cpu" else "a CUDA device (none is visible)")
+        elif importlib.util.find_spec(req) is None:
+            out.append(f"the {req} module (not installed)")
+    return out
+
+
+def _parallel(flag: str, what: str, field: str) -> Callable[[Context, Any], str | None]:
+    """Check of a backend's ``supports_<what>_parallel``: declared, and its requirements met."""
+    attr = flag.removeprefix("--").replace("-", "_")
+
+    def check(ctx: Context, caps: Any) -> str | None:
+        n = getattr(ctx.cfg, attr)
+        if n == 1:
+            return None
+        if not getattr(caps, field):
+            return f"does not support {what}, but {flag} is {n}"
+        unmet = _unmet(ctx, caps, field)
+        return f"supports {what} only with {' and '.join(unmet)}, but {flag} is {n}" if unmet else None
+
+    return check
 
 
 E, C, G, B, P = "estimator", "correction", "engine", "backend", "reward_processor"
@@ -234,20 +275,21 @@ CAPABILITIES: tuple[Capability, ...] = (
                lambda ctx, c: f"cannot train data-parallel over {ctx.cfg.data_parallel_size} replicas ({ctx.cfg.training_workers} training workers / model-parallel size {ctx.cfg.model_parallel_size})" if ctx.cfg.data_parallel_size > 1 and not c.supports_data_parallel else None,
                "use one replica: --actor-num-nodes × --actor-num-gpus-per-node = --tensor-parallel-size × --context-parallel-size × --pipeline-parallel-size"),
     Capability(B, "supports_tensor_parallel", "TP", "Tensor parallelism.",
-               lambda ctx, c: f"does not support tensor parallelism, but --tensor-parallel-size is {ctx.cfg.tensor_parallel_size}" if ctx.cfg.tensor_parallel_size > 1 and not c.supports_tensor_parallel else None,
-               "use --tensor-parallel-size 1, or a --train-backend whose TP column says yes (`relax capabilities`)"),
+               _parallel("--tensor-parallel-size", "tensor parallelism", "supports_tensor_parallel"),
+               "use --tensor-parallel-size 1, or a --train-backend whose TP column says yes and whose requirements (`needs` column) hold (`relax capabilities`)"),
     Capability(B, "supports_context_parallel", "CP", "Context parallelism.",
-               lambda ctx, c: f"does not support context parallelism, but --context-parallel-size is {ctx.cfg.context_parallel_size}" if ctx.cfg.context_parallel_size > 1 and not c.supports_context_parallel else None,
-               "use --context-parallel-size 1, or a --train-backend whose CP column says yes (`relax capabilities`)"),
+               _parallel("--context-parallel-size", "context parallelism", "supports_context_parallel"),
+               "use --context-parallel-size 1, or a --train-backend whose CP column says yes and whose requirements (`needs` column) hold (`relax capabilities`)"),
     Capability(B, "supports_pipeline_parallel", "PP", "Pipeline parallelism.",
-               lambda ctx, c: f"does not support pipeline parallelism, but --pipeline-parallel-size is {ctx.cfg.pipeline_parallel_size}" if ctx.cfg.pipeline_parallel_size > 1 and not c.supports_pipeline_parallel else None,
-               "use --pipeline-parallel-size 1, or a --train-backend whose PP column says yes (`relax capabilities`)"),
+               _parallel("--pipeline-parallel-size", "pipeline parallelism", "supports_pipeline_parallel"),
+               "use --pipeline-parallel-size 1, or a --train-backend whose PP column says yes and whose requirements (`needs` column) hold (`relax capabilities`)"),
     Capability(B, "supports_critic", "critic", "Can train a critic (value model)."),
     Capability(B, "supports_routing_replay", "R3", "Replays recorded MoE routes in the training forward."),
     Capability(B, "supports_top_k_log_probs", "top-k", "Computes log-probs at given top-k ids."),
     Capability(B, "supports_gradient_checkpointing", "grad ckpt", "Activation recomputation.",
                lambda ctx, c: "does not support --gradient-checkpointing" if ctx.cfg.gradient_checkpointing and not c.supports_gradient_checkpointing else None,
                "remove --gradient-checkpointing"),
+    Capability(B, "requires", "needs", "Conditions of its capabilities (`capability:cuda` needs a CUDA device, `capability:module` that module); checked by the rows above."),
     # ---------------------------------------------------------------- reward processors
     Capability(P, "allowed_with_strict_estimators", "keeps raw signal", "May be combined with estimators that forbid post-processors."),
     Capability(P, "may_request_more_samples", "resamples", "Drops groups and asks the loop to sample more."),

@@ -168,6 +168,11 @@ class BackendCapabilities:
     supports_routing_replay: bool = False
     supports_top_k_log_probs: bool = False
     supports_gradient_checkpointing: bool = False
+    requires: frozenset[str] = frozenset()
+    """Conditions of declared capabilities, as ``"<capability field>:<requirement>"``; a
+    requirement is ``cuda`` (a CUDA device) or the name of a module that must be importable,
+    e.g. ``{"supports_context_parallel:cuda", "supports_context_parallel:transformer_engine"}``.
+    Startup validation refuses a run that uses the capability where one does not hold."""
 
 
 @dataclass(frozen=True, kw_only=True)

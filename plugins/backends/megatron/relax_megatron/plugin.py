@@ -18,8 +18,12 @@ def relax_register_train_backends():
             # one training worker per TP rank: `--launcher ray --actor-num-gpus-per-node TP`
             # (startup validation refuses TP > 1 with --launcher local)
             supports_tensor_parallel=True,
-            supports_context_parallel=False,
-            supports_pipeline_parallel=False,
+            # one training worker per model-parallel rank (TP × CP × PP) under the Ray launcher;
+            # PP runs on CPU (gloo, through the shim) and CUDA; CP needs Transformer Engine's
+            # attention (megatron-core 0.16.1 has CP only in TEDotProductAttention)
+            supports_context_parallel=True,
+            supports_pipeline_parallel=True,
+            requires=frozenset({"supports_context_parallel:cuda", "supports_context_parallel:transformer_engine"}),
             supports_critic=False,
             supports_routing_replay=False,
             supports_top_k_log_probs=True,
