@@ -22,9 +22,12 @@ SKIP = ("time", "perf/", "per_s", "ray_", "restarts")
 
 
 @pytest.mark.slow
-def test_tensor_parallel_two_workers_equal_one(tiny_model_dir, prompts_file, tmp_path, ray_local):
+@pytest.mark.parametrize("parallel", ["--tensor-parallel-size", "--pipeline-parallel-size"])
+def test_tensor_parallel_two_workers_equal_one(parallel, tiny_model_dir, prompts_file, tmp_path, ray_local):
+    """Also pipeline parallel: two stages, megatron's 1F1B schedule over gloo, the last
+    stage's loss, metrics and log-probs broadcast so that the driver may read either."""
     runs = {}
-    for name, extra in (("tp1", ()), ("tp2", ("--tensor-parallel-size", "2", "--actor-num-gpus-per-node", "2"))):
+    for name, extra in (("tp1", ()), ("tp2", (parallel, "2", "--actor-num-gpus-per-node", "2"))):
         # --colocate: the engine shares training bundle 0 (the test cluster has 2 CPUs)
         code, out = run_train(ray_args(tiny_model_dir, prompts_file, tmp_path, name, "--train-backend", "megatron",
                                        "--num-rollout", "2", "--colocate", "--micro-batch-size", "4",
