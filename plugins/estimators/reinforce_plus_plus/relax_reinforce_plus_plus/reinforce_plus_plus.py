@@ -41,7 +41,8 @@ def shaped_returns(rewards: Tensor, kl: Tensor, loss_mask: Tensor, kl_coef: floa
     One reverse discounted cumsum over the padded rows
     (:func:`relax_core.numerics.discounted_cumsum`; γ = 1: a ``cumsum``); no packing, as the
     discount runs over masked positions too.
-    Accuracy (tests, T = 8192 against a float64 loop): a few ulps of the output's scale.
+    Accuracy (tests, T = 8192 against a float64 loop): within 16·eps of the largest
+    |partial sum| of the shaped rewards.
 
     Args:
         rewards: float ``[B]`` R_i (finite on rows with a valid token).
