@@ -23,7 +23,7 @@ SKIP = ("time", "perf/", "per_s", "ray_", "restarts")
 
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["--tensor-parallel-size", "--pipeline-parallel-size"])
-def test_tensor_parallel_two_workers_equal_one(parallel, tiny_model_dir, prompts_file, tmp_path, ray_local):
+def test_model_parallel_two_workers_equal_one(parallel, tiny_model_dir, prompts_file, tmp_path, ray_local):
     """Also pipeline parallel: two stages, megatron's 1F1B schedule over gloo, the last
     stage's loss, metrics and log-probs broadcast so that the driver may read either."""
     runs = {}

@@ -66,6 +66,7 @@ def test_cp_split_local_index_and_padding():
 
 
 @needs_megatron
+@pytest.mark.slow
 def test_cp_gather_round_trip_and_gradient_over_gloo(tmp_path):
     """2 gloo ranks: the split equals Megatron's get_batch_on_this_cp_rank, the gathered
     per-token values equal the one-process values on every rank, and a sequence-level loss
