@@ -104,3 +104,63 @@ def cp_gather_worker(rank: int, world: int, port: int, out_path: str) -> None:
                 "full": per_position(weight, torch.arange(s)).gather(1, at).detach(), "weight": weight.detach(),
                 "w": w, "at": at}, f"{out_path}.rank{rank}")
     dist.destroy_process_group()
+
+
+class SeqLoss(MetricLoss):
+    """A sequence-level loss (each sample's summed log-prob, squared, averaged): a token's
+    gradient depends on its whole response, as with GSPO's sequence ratio."""
+
+    def __call__(self, mb, out):
+        lp = torch.where(mb.loss_mask, out.log_probs, 0.0)
+        ent = torch.where(mb.loss_mask, out.entropy, 0.0)
+        loss = ((lp.sum(1) ** 2).sum() - 0.01 * ent.sum()) / self.n
+        self.add_metrics({"train/toy_loss": float(loss.detach()), "train/tokens": float(mb.loss_mask.sum())})
+        return loss, {}
+
+
+def cp_backend_worker(rank: int, world: int, port: int, out_path: str) -> None:
+    """The backend's context-parallel path with CP = ``world`` over gloo, the attention
+    emulated: Transformer Engine's is CUDA-only, so the model is a stand-in that gathers the
+    ranks' chunks, runs a transformers model on the whole sequence and returns this rank's
+    positions' logits (what TE's ring attention computes), each rank holding a replica.
+    Everything else is the backend's own: padding to 2·CP, the chunks, the statistics of
+    the held tokens gathered to ``[B, T]``, the loss, the CP gradient all-reduce, AdamW."""
+    _env(rank, world, port)
+    import torch.distributed as dist
+
+    import relax_megatron.backend as backend
+    from relax_megatron.parallel import cp_positions
+
+    hf = tiny_hf("qwen2")
+
+    class FullSequence(torch.nn.Module):
+        post_process = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.hf = hf
+
+        def forward(self, ids, pos, mask):
+            from megatron.core import parallel_state as ps
+
+            cp, r = ps.get_context_parallel_world_size(), ps.get_context_parallel_rank()
+            parts = [torch.empty_like(ids) for _ in range(cp)]
+            dist.all_gather(parts, ids, group=ps.get_context_parallel_group())
+            s = ids.shape[1] * cp
+            full = torch.empty(ids.shape[0], s, dtype=ids.dtype)
+            for q, part in enumerate(parts):
+                full[:, cp_positions(s, cp, q) if cp > 1 else torch.arange(s)] = part
+            logits = self.hf(full).logits  # [b, S, V]
+            return logits[:, cp_positions(s, cp, r)] if cp > 1 else logits
+
+    backend.context_parallel_problem = lambda cp, cuda: None  # no TE here: the stand-in attends
+    backend.MegatronBackend._build = lambda self, sd: FullSequence()
+    be = backend.MegatronBackend(hf.config, hf.state_dict(), cp=world, lr=1e-3, clip_grad=0.0, micro_batch_size=3,
+                                 temperature=TEMPERATURE)
+    batch = tiny_batch()
+    fwd = be.forward(batch, entropy=True, top_k=True)
+    loss = SeqLoss(float(batch.loss_mask.sum()))
+    stepped = be.train_step(batch, loss)
+    torch.save({"log_probs": fwd.log_probs, "entropy": fwd.entropy, "top_k": fwd.top_k_log_probs, "stepped": stepped,
+                "metrics": loss.metrics(), "after": {k: v.detach().clone() for k, v in hf.state_dict().items()},
+                "before": tiny_hf("qwen2").state_dict()}, f"{out_path}.rank{rank}")

@@ -86,6 +86,27 @@ def test_cp_gather_round_trip_and_gradient_over_gloo(tmp_path):
     assert weight.grad.abs().sum() > 0
 
 
+@needs_megatron
+@pytest.mark.slow
+def test_backend_context_parallel_path_equals_cp1(tmp_path):
+    """CP = 2 vs CP = 1 through the backend (attention emulated by a whole-sequence stand-in,
+    see :func:`mp_parallel.cp_backend_worker`): the same statistics, sequence-level loss,
+    gradient norm and AdamW step, with sequences padded to 2·CP and a padded micro-batch."""
+    one = _spawn(mp_parallel.cp_backend_worker, 1, (), tmp_path / "cp1")[0]
+    two = _spawn(mp_parallel.cp_backend_worker, 2, (), tmp_path / "cp2")
+    m = mp_workers.tiny_batch().loss_mask
+    for res in two:
+        for key in ("log_probs", "entropy", "top_k"):
+            assert (res[key] - one[key])[m].abs().max() < 1e-5, key
+            assert (res[key][~m] == 0).all(), key
+        assert res["stepped"]["loss"] == pytest.approx(one["stepped"]["loss"], abs=1e-6)
+        assert res["stepped"]["grad_norm"] == pytest.approx(one["stepped"]["grad_norm"], rel=1e-5)
+        assert res["metrics"] == pytest.approx(one["metrics"], abs=1e-6)
+        moved = max((one["after"][k] - one["before"][k]).abs().max().item() for k in one["after"])
+        worst = max((res["after"][k] - one["after"][k]).abs().max().item() for k in one["after"])
+        assert moved > 5e-4 and worst < 1e-5, (moved, worst)
+
+
 def test_context_parallel_refused_without_cuda_and_transformer_engine():
     from relax_megatron.backend import context_parallel_problem
 
