@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from relax_core.contracts import CorrectionInput
+from relax_core.numerics import masked_fill_zero
 from relax_core.policy import LOG_RATIO_CLAMP
 
 #: Policy-loss kinds with a PPO-style ratio against the old policy: ρ uses p_0.
@@ -57,9 +58,8 @@ def behaviour_log_ratio(inp: CorrectionInput) -> Tensor:
     else:
         raise ValueError(f"no behaviour-ratio numerator is defined for policy loss kind {inp.policy_loss_kind!r}; "
                          f"known: {', '.join(sorted(PPO_KINDS | REINFORCE_KINDS))}")
-    mask = inp.loss_mask.bool()
     diff = num.detach().float() - inp.rollout_log_probs.detach().float()
-    return torch.where(mask, diff, torch.zeros((), device=diff.device))
+    return masked_fill_zero(diff, inp.loss_mask.bool())
 
 
 def level_log_ratio(log_ratio: Tensor, loss_mask: Tensor, level: str) -> Tensor:
@@ -85,8 +85,7 @@ def truncated_weight(ratio: Tensor, low: float, high: float) -> Tensor:
 
 def band_weight(ratio: Tensor, low: float, high: float) -> Tensor:
     """ICE-POP: w = ρ·1[low ≤ ρ ≤ high] (inclusive edges; tokens outside contribute 0)."""
-    keep = (ratio >= low) & (ratio <= high)
-    return torch.where(keep, ratio, torch.zeros((), dtype=ratio.dtype, device=ratio.device))
+    return masked_fill_zero(ratio, (ratio >= low) & (ratio <= high))
 
 
 def check_bounds(low: float, high: float, who: str) -> None:
@@ -102,11 +101,11 @@ def mismatch_metrics(inp: CorrectionInput, token_log_ratio: Tensor, ratio: Tenso
     ``ois`` p_θ/p_0 (the PPO ratio), ``train_rollout_logprob_abs_diff`` |log num − log q|
     (token level).  ``token_log_ratio`` must be 0 and ``ratio``, ``weight`` finite at
     masked positions (as :func:`behaviour_log_ratio` and :func:`level_log_ratio` give them):
-    they are masked by a multiply, only ``ois`` (from the raw inputs) needs a select."""
+    they are masked by a multiply, only ``ois`` (from the raw inputs) by a select."""
     with torch.no_grad():
         mask = inp.loss_mask.bool()
         m = mask.to(torch.float32)
-        ppo_log_ratio = torch.where(mask, inp.log_probs.detach().float() - inp.old_log_probs.detach().float(), 0.0)
+        ppo_log_ratio = masked_fill_zero(inp.log_probs.detach().float() - inp.old_log_probs.detach().float(), mask)
         return {
             "tis": ratio * m,
             "tis_clipfrac": (weight != ratio).to(torch.float32) * m,

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from relax_core.contracts import CorrectionInput, ForwardOutput, PolicyLossInput, TrainBatch
-from relax_core.numerics import kl_estimate, reduce_loss, token_metric_mean
+from relax_core.numerics import kl_estimate, masked_fill_zero, reduce_loss, token_metric_mean
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def actor_loss_terms(estimator: Any, corrections: list[Any], s: LossSettings, pr
         metrics["entropy"] = ent.detach()
     metrics["loss"] = loss.detach()
     if rollout_log_probs is not None and "train_rollout_logprob_abs_diff" not in token_metrics:  # tis/icepop give their own
-        diff = torch.where(mask, log_probs.detach().float() - rollout_log_probs.float(), 0.0)  # [b, T]
+        diff = masked_fill_zero(log_probs.detach().float() - rollout_log_probs.float(), mask)  # [b, T]
         token_metrics["train_rollout_logprob_abs_diff"] = diff.abs_()
     weights = mask.to(torch.float32)  # [b, T], once for every metric
     for name, x in token_metrics.items():

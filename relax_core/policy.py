@@ -5,7 +5,9 @@ PPO-style loss clips, counts clipped tokens and reports ``ppo_kl`` the same way.
 
 Conventions (see :mod:`relax_core.contracts`): ``B`` samples, ``T`` padded response length,
 ``loss_mask`` bool ``[B, T]``; values at masked positions are garbage (NaN, 1e9) and reach
-neither the value nor the gradient: every function selects with ``torch.where`` first.
+neither the value nor the gradient: every function selects the raw inputs with
+:func:`~relax_core.numerics.masked_fill_zero` first (once each), after which every value is
+finite and 0 (log-ratio, advantages, loss, clip indicator) at masked positions.
 Everything is computed in float32 whatever the input dtype (bfloat16 log-probs are upcast;
 the gradient flows back to them through the cast).
 
@@ -31,7 +33,7 @@ import torch
 from torch import Tensor
 
 from relax_core.contracts import AdvantageInput, AdvantageOutput, PolicyLossOutput
-from relax_core.numerics import broadcast_to_tokens, group_advantages
+from relax_core.numerics import broadcast_to_tokens, group_advantages, masked_fill_zero
 
 #: The log-ratio is clamped to [−LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before ``exp`` so that
 #: the ratio and its gradient stay finite in float32 (e^20 ≈ 4.9e8).  Beyond the clamp the
@@ -50,10 +52,8 @@ def masked_log_ratio(log_probs: Tensor, old_log_probs: Tensor, loss_mask: Tensor
         old_log_probs: float ``[B, T]`` log π_old (treated as a constant).
         loss_mask: bool ``[B, T]``.
     """
-    mask = loss_mask.bool()
     diff = log_probs.to(torch.float32) - old_log_probs.detach().to(torch.float32)
-    zero = torch.zeros((), dtype=torch.float32, device=diff.device)
-    return torch.where(mask, diff, zero).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return masked_fill_zero(diff, loss_mask.bool()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
 def ppo_clip(ratio: Tensor, advantages: Tensor, eps_low: Bound, eps_high: Bound,
@@ -153,7 +153,7 @@ def masked_advantages(advantages: Tensor, loss_mask: Tensor) -> Tensor:
 
 
 def _mask(x: Tensor, mask: Tensor) -> Tensor:
-    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return masked_fill_zero(x, mask)
 
 
 # --------------------------------------------------------------------------- advantage stage
