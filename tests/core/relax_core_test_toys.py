@@ -95,7 +95,10 @@ class ToyReinforce:
         loss = -adv * ratio
         if self.variant == "wrong_shape":
             loss = loss.sum(-1)
-        return PolicyLossOutput(loss=loss, token_metrics={"ppo_kl": masked_fill_zero(-log_ratio.detach(), mask)})
+        kl = masked_fill_zero(-log_ratio.detach(), mask)  # [B, T]
+        if self.variant == "metric_garbage":  # the metric from the raw inputs: NaN left at masked positions
+            kl = (inp.old_log_probs - inp.log_probs).detach()
+        return PolicyLossOutput(loss=loss, token_metrics={"ppo_kl": kl})
 
 
 def build_toy_reinforce(params, config):
@@ -104,6 +107,10 @@ def build_toy_reinforce(params, config):
 
 def build_nan_leak(params, config):
     return ToyReinforce("nan_leak")
+
+
+def build_metric_garbage(params, config):
+    return ToyReinforce("metric_garbage")
 
 
 def build_seq_ratio_local(params, config):

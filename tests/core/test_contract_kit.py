@@ -45,6 +45,12 @@ def test_masked_garbage_reaching_the_gradient_is_caught():
                    "  - policy_loss with bfloat16 inputs: gradient w.r.t. log_probs is not finite everywhere")
 
 
+def test_token_metric_garbage_at_masked_positions_is_caught():
+    # the core reduces token metrics as sum(mask * x): NaN left in a masked slot would make the logged mean NaN
+    msg = failures(toy("build_metric_garbage"), distributed=False)
+    assert "policy_loss: token_metrics['ppo_kl'] is not finite at" in msg and "masked position(s)" in msg
+
+
 def test_false_context_parallel_claim_is_caught():
     msg = failures(toy("build_seq_ratio_local"))
     assert "1 contract check(s) failed" in msg
