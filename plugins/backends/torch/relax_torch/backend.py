@@ -311,10 +311,12 @@ class TorchBackend:
         micro-batches.  Optional attributes of ``loss_fn``: ``needs_entropy`` (default
         ``True``) and ``needs_top_k`` (default: ``setup(needs_top_k=...)``).  A micro-batch
         with a non-finite loss is not backpropagated.  Under data parallelism every rank
-        runs the same number of micro-batches (the largest of the ranks': token packing can
+        runs the same number of micro-batches, the largest of the ranks' (token packing can
         give ranks different counts, and a loss with a collective per micro-batch, such as
         m2po's ``--m2po-stat-scope global``, would wait forever), by splitting its largest
-        micro-batches (:func:`split_to_count`).
+        micro-batches (:func:`split_to_count`); a rank with fewer samples than that count
+        (uneven shares, e.g. a filter that under-filled the batch) runs one per sample, so
+        only such a collective loss can still be left waiting there.
 
         Returns:
             ``{"sums": loss and metrics summed over micro-batches, "bad": names of
@@ -465,19 +467,14 @@ class TorchBackend:
 
 
 def split_to_count(bounds: list[tuple[int, int]], count: int) -> list[tuple[int, int]]:
-    """Split the largest ``[lo, hi)`` sample ranges in half until there are ``count`` of them
-    (order kept; each range keeps at least one sample, so it only gets smaller).
-
-    Raises:
-        ValueError: ``count`` exceeds the number of samples (the ranks' shares differ).
-    """
+    """Split the largest ``[lo, hi)`` sample ranges in half until there are ``count`` of them,
+    or every range holds one sample (a rank with fewer samples than ``count``: uneven
+    data-parallel shares); order kept, ranges only get smaller."""
     out = list(bounds)
     while len(out) < count:
         i = max(range(len(out)), key=lambda j: out[j][1] - out[j][0], default=None)
         if i is None or out[i][1] - out[i][0] < 2:
-            n = sum(hi - lo for lo, hi in bounds)
-            raise ValueError(f"cannot run {count} micro-batches on {n} samples: the data-parallel ranks "
-                             "were given different numbers of samples")
+            break
         lo, hi = out[i]
         mid = (lo + hi + 1) // 2
         out[i:i + 1] = [(lo, mid), (mid, hi)]
