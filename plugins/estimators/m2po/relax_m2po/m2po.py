@@ -79,7 +79,7 @@ def solve_bounds(delta_sq: Tensor, budget: float, miniclip_low: float, miniclip_
     v = delta_sq.to(torch.float64).reshape(-1)
     if v.numel() == 0:  # one non-harmful slot keeps the indexing below uniform
         v = torch.full((1,), float("inf"), dtype=torch.float64, device=v.device)
-    v = torch.sort(v).values  # harmful first, +inf last
+    v = sort_ascending(v)  # harmful first, +inf last
     harmful = torch.isfinite(v)
     v = torch.where(harmful, v, torch.zeros((), dtype=v.dtype, device=v.device))
     n = harmful.sum().to(v.dtype)
@@ -106,6 +106,17 @@ def solve_bounds(delta_sq: Tensor, budget: float, miniclip_low: float, miniclip_
     eps_low = torch.clamp(1.0 - band_low, min=miniclip_low)
     eps_high = torch.clamp(band_high - 1.0, min=miniclip_high)
     return M2POBounds(eps_low, eps_high, m2_before, m2_after, tau)
+
+
+def sort_ascending(v: Tensor) -> Tensor:
+    """``torch.sort(v).values`` for a 1-D tensor, through NumPy on CPU: its vectorised sort
+    (x86-simd-sort) takes 1.7 ms for 250k float64 where ``torch.sort`` takes 23 ms (one
+    thread, measured).  Same values in the same order (+inf last)."""
+    if v.device.type == "cpu":
+        import numpy as np
+
+        return torch.from_numpy(np.sort(v.detach().numpy()))
+    return torch.sort(v).values
 
 
 def harmful_delta_sq(log_ratio: Tensor, advantages: Tensor, loss_mask: Tensor) -> Tensor:

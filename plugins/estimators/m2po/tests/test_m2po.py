@@ -14,7 +14,7 @@ from relax_core.config import RunConfig, build_config
 from relax_core.contracts import AdvantageInput, PolicyLossInput
 from relax_core.plugins import default_registry
 from relax_core.validation import resolve
-from relax_m2po.m2po import harmful_delta_sq, m2po_loss, solve_bounds
+from relax_m2po.m2po import harmful_delta_sq, m2po_loss, solve_bounds, sort_ascending
 
 TOL = 1e-12
 
@@ -198,6 +198,19 @@ def test_loss_band_matches_loop_reference_with_many_non_harmful_tokens(frac_mask
         assert s["m2po_eps_low"] == pytest.approx(el, rel=1e-6, abs=1e-7)
         assert s["m2po_eps_high"] == pytest.approx(eh, rel=1e-6, abs=1e-7)
         assert s["ppo_kl_m2_after"] == pytest.approx(after, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_sort_ascending_equals_torch_sort(dtype):
+    g = torch.Generator().manual_seed(14)
+    for n in (0, 1, 2, 17, 5000):
+        v = torch.randn(n, generator=g, dtype=torch.float64).to(dtype) ** 2
+        if n > 2:
+            v[: n // 3] = math.inf  # padding
+            v[1] = v[n - 1]  # a tie
+        out = sort_ascending(v[torch.randperm(n, generator=g)])
+        assert out.dtype == dtype and torch.equal(out, torch.sort(v).values)
+    assert torch.equal(sort_ascending(torch.tensor([2.0, 1.0], requires_grad=True)), torch.tensor([1.0, 2.0]))
 
 
 def test_solver_ignores_inf_padding_bit_for_bit():
