@@ -54,9 +54,10 @@ def pack_valid(mask: Tensor) -> tuple[Tensor, Tensor]:
     mask = mask.bool()
     t = mask.shape[-1]
     pos = torch.arange(t, device=mask.device)
-    n_valid_upto = mask.long().cumsum(-1)  # [B, T] valid tokens at or before t
-    n = n_valid_upto[:, -1:] if t else n_valid_upto.sum(-1, keepdim=True)  # [B, 1]
-    dest = torch.where(mask, n_valid_upto - 1, n + pos - n_valid_upto)
+    n_valid_upto = mask.cumsum(-1)  # [B, T] long, valid tokens at or before t
+    n = n_valid_upto[:, -1:].clone() if t else n_valid_upto.sum(-1, keepdim=True)  # [B, 1]
+    dest = (pos + n).sub_(n_valid_upto)  # [B, T] a masked slot's destination: n + (masked before it)
+    torch.where(mask, n_valid_upto.sub_(1), dest, out=dest)  # a valid token's: its rank
     return dest, pos < n
 
 
