@@ -153,7 +153,9 @@ class PolicyLossOutput:
         loss: ``[B, T]`` per-token policy loss (finite everywhere; masked positions are
             ignored by the reduction).  The core reduces it with the run's reduction.
         token_metrics: name -> ``[B, T]`` per-token values (e.g. ``pg_clipfrac`` as a
-            0/1 indicator, ``ppo_kl``), reduced by the core as a masked token mean.
+            0/1 indicator, ``ppo_kl``), reduced by the core as a masked token mean
+            Σ mask·x / N; finite everywhere (0 at masked positions is the rule), since
+            the mean is a multiply-and-sum, not a select (the contract kit checks it).
         scalar_metrics: name -> 0-dim tensor or float (e.g. ``m2po_eps_low``), averaged
             over micro-batches by the core.
     """
