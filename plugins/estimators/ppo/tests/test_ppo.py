@@ -223,6 +223,19 @@ def test_pack_valid_is_a_permutation_with_valid_tokens_first():
     assert packed_valid.sum(-1).tolist() == [3, 0, 5]
 
 
+def test_pack_valid_random_masks_pack_in_order_and_unpack():
+    g = torch.Generator().manual_seed(15)
+    mask = torch.rand(7, 33, generator=g) < 0.6
+    mask[0], mask[1] = False, True
+    x = torch.randn(7, 33, generator=g)
+    dest, packed_valid = pack_valid(mask)
+    assert torch.equal(dest.sort(-1).values, torch.arange(33).expand(7, 33))  # a permutation of each row
+    packed = torch.zeros_like(x).scatter(1, dest, x)
+    for i in range(7):  # valid tokens first in order, then the masked ones in order
+        assert torch.equal(packed[i], torch.cat([x[i][mask[i]], x[i][~mask[i]]]))
+    assert torch.equal(packed_valid.sum(-1), mask.sum(-1)) and torch.equal(packed.gather(1, dest), x)
+
+
 def test_compute_advantages_unscored_sample_and_missing_values():
     est = _build("--gamma", "1.0", "--lambd", "1.0")
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
