@@ -235,7 +235,8 @@ class MegatronBackend:
         self.step = 0
 
     def _build(self, state_dict: dict[str, Tensor]) -> Any:
-        model = convert.build_gpt_model(self.arch)  # float32 weights (the master copy with --bf16)
+        # float32 weights (the master copy with --bf16); stages exchange the layers' output dtype
+        model = convert.build_gpt_model(self.arch, pipeline_dtype=torch.bfloat16 if self.bf16 else torch.float32)
         convert.load_hf_state_dict(model, state_dict, self.arch)
         return model.to(self.device).eval()
 
@@ -307,10 +308,10 @@ class MegatronBackend:
 
     def _run_model(self, model: Any, inp: dict[str, Any]) -> Tensor:
         """The stage's output: logits ``[b, S/CP, V/tp]`` on the last pipeline stage, hidden
-        states ``[S/CP, b, H]`` float32 on the others."""
+        states ``[S/CP, b, H]`` in the model's ``pipeline_dtype`` on the others."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             out = model(inp["ids"], inp["pos"], inp["causal"])
-        return out if model.post_process else out.float()
+        return out if model.post_process else out.to(model.config.pipeline_dtype)
 
     def _stats(self, logits: Tensor, inp: dict[str, Any], *, entropy: bool) -> ForwardOutput:
         """Token statistics ``[b, T]`` of the response tokens from this rank's logits

@@ -123,7 +123,8 @@ def check_pp(a: ArchSpec, pp: int) -> None:
         raise ValueError(f"num_hidden_layers = {a.num_layers} is not divisible by --pipeline-parallel-size {pp}")
 
 
-def build_gpt_model(a: ArchSpec, *, sequence_length: int | None = None) -> Any:
+def build_gpt_model(a: ArchSpec, *, sequence_length: int | None = None,
+                    pipeline_dtype: torch.dtype = torch.float32) -> Any:
     """This rank's Megatron-core ``GPTModel`` (float32 weights) for ``a``: its pipeline stage
     (``pre_process`` on the first, ``post_process`` on the last) of its tensor-parallel shard.
 
@@ -135,7 +136,8 @@ def build_gpt_model(a: ArchSpec, *, sequence_length: int | None = None) -> Any:
     Must be called after ``parallel_state.initialize_model_parallel``; the weights are
     random (``perform_initialization=False``) until :func:`load_hf_state_dict`.
     Dropout is 0 (RL fine-tuning convention, and makes forward deterministic).
-    ``calculate_per_token_loss`` makes megatron's pipeline schedule backpropagate each
+    ``pipeline_dtype``: the dtype of the hidden states pipeline stages exchange (that of a
+    layer's output: bfloat16 under ``--bf16`` autocast).  ``calculate_per_token_loss`` makes megatron's pipeline schedule backpropagate each
     micro-batch's loss unscaled (the backend's losses carry the global denominators).
     """
     import torch.nn.functional as F
@@ -166,7 +168,7 @@ def build_gpt_model(a: ArchSpec, *, sequence_length: int | None = None) -> Any:
         tensor_model_parallel_size=_tp_size(),
         pipeline_model_parallel_size=pp,
         context_parallel_size=cp,
-        pipeline_dtype=torch.float32,  # stages send float32 hidden states (also under --bf16 autocast)
+        pipeline_dtype=pipeline_dtype,
         batch_p2p_comm=cuda,  # its batch_p2p_sync calls torch.cuda.synchronize
         calculate_per_token_loss=True,
         params_dtype=torch.float32,

@@ -67,6 +67,8 @@ def pp_worker(rank: int, world: int, port: int, kind: str, out_path: str) -> Non
            "skipped": skipped, "unchanged": unchanged, "stepped": stepped, "metrics": loss.metrics(), "after": after,
            "ckpt": (moved_again, restored, be.step), "ref_log_probs": be.forward(batch, role="ref").log_probs,
            "actor_after": be.forward(batch).log_probs}
+    bf16 = MegatronBackend(hf.config, hf.state_dict(), pp=world, micro_batch_size=3, temperature=TEMPERATURE, bf16=True)
+    res["bf16_log_probs"] = bf16.forward(batch).log_probs  # stages exchange bfloat16 hidden states
     torch.save(res, f"{out_path}.rank{rank}")
 
 

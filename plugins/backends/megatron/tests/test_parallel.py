@@ -151,6 +151,9 @@ def test_pp2_forward_equals_pp1(pp_runs):
             assert (res[key] - pp1[key])[m].abs().max() < 1e-5, key
             assert (res[key][~m] == 0).all(), key
     assert (pp1["actor_after"] - pp1["ref_log_probs"])[m].abs().max() > 1e-4  # the actor moved, the reference did not
+    for res in pp2:  # --bf16 (autocast; the stages exchange bfloat16 hidden states): PP = 2 equals PP = 1 too
+        assert (res["bf16_log_probs"] - pp1["bf16_log_probs"])[m].abs().max() < 1e-5
+    assert 1e-4 < (pp1["bf16_log_probs"] - pp1["log_probs"])[m].abs().max() < 0.5  # bf16 differs from fp32
 
 
 @pytest.mark.slow
