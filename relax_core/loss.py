@@ -172,19 +172,35 @@ class _FusedTerms:
     """:func:`actor_loss_terms` of one (estimator, corrections, settings, process group)
     through ``torch.compile(dynamic=True)``: the micro-batch shape ``[b, T]`` changes from
     step to step, and with dynamic shapes a new shape does not recompile.  Graph breaks in
-    a plugin's code are fine (the pieces between them are compiled).  If compiling fails
-    (no working C++ compiler or Triton, an operation the compiler rejects) it warns once and
-    runs eager from then on."""
+    a plugin's code are fine (the pieces between them are compiled).  If compiling the
+    forward or the backward fails (no working C++ compiler or Triton, an operation the
+    compiler rejects; checked on the first call) it warns once and runs eager from then on.
+    Dimensions of size 1 are specialised by dynamo: the first micro-batch with one sample
+    or one token column compiles once more."""
 
     def __init__(self, eager: Callable[..., Any]) -> None:
         self.eager = eager
         self.compiled: Callable[..., Any] | None = torch.compile(eager, dynamic=True)
+        self.checked = False
+
+    def _check(self, tensors: dict[str, Any]) -> None:
+        """Forward and backward once on detached copies: AOTAutograd compiles the backward
+        lazily, and a failure there would otherwise surface in the backend's
+        ``loss.backward()``, past any fallback."""
+        copies = {k: v.detach().clone().requires_grad_(v.requires_grad) if isinstance(v, Tensor) else v
+                  for k, v in tensors.items()}
+        loss = self.compiled(**copies)[0]
+        if loss.requires_grad:
+            loss.backward()
 
     def __call__(self, **tensors: Any) -> Any:
         if self.compiled is not None:
             try:
+                if not self.checked:
+                    self._check(tensors)
+                    self.checked = True
                 return self.compiled(**tensors)
-            except torch._dynamo.exc.TorchDynamoException as e:
+            except Exception as e:  # noqa: BLE001 - any compiler failure; eager re-raises a genuine error
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""
                 warnings.warn(f"--compile-loss: torch.compile failed, the actor loss runs eager from now on "
                               f"({type(e).__name__}: {first})", RuntimeWarning, stacklevel=3)

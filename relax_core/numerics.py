@@ -328,7 +328,7 @@ def discounted_cumsum(x: Tensor, discount: float, *, chunk: int = 32) -> Tensor:
     """Reverse discounted cumulative sum along the last dim: y_t = Σ_{u≥t} discount^(u−t) x_u.
 
     The recurrence y_t = x_t + discount·y_{t+1} (y_T = 0) of returns and of GAE
-    (Schulman et al. 2016, eq. 16).  discount = 1: the total minus a ``cumsum``.  Otherwise a
+    (Schulman et al. 2016, eq. 16).  discount = 1: a reversed ``cumsum``.  Otherwise a
     chunked scan: inside each chunk of ``chunk`` positions a matrix product with
     M[i, j] = discount^(j−i) (j ≥ i), then the carry between chunks by the same scan over
     the chunks' first entries with discount^chunk (recursively).  No Python loop over
@@ -356,10 +356,8 @@ def discounted_cumsum(x: Tensor, discount: float, *, chunk: int = 32) -> Tensor:
     t = x.shape[-1]
     if t == 0:
         return x.clone()
-    if discount == 1.0:  # y_t = Σ_u x_u − Σ_{u≤t} x_u + x_t: one allocation, no flips
-        c = x.cumsum(-1)
-        total = c[..., -1:].clone()
-        return c.neg_().add_(total).add_(x)
+    if discount == 1.0:  # a reversed cumsum: each y_t sums only its own suffix (no cancellation against the prefix)
+        return x.flip(-1).cumsum(-1).flip(-1)
     k = min(chunk, t)
     n = -(-t // k)
     padded = x if n * k == t else torch.nn.functional.pad(x, (0, n * k - t))
@@ -384,7 +382,12 @@ def last_valid_index(mask: Tensor) -> Tensor:
 
     Returns:
         long ``[B]``; T − 1 on a row with no True (callers mask that row's outputs).
+
+    Raises:
+        TypeError: ``mask`` is not bool (its bytes are read as 0/1).
     """
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be bool, got {mask.dtype}")
     return mask.shape[-1] - 1 - mask.flip(-1).view(torch.uint8).argmax(-1)
 
 

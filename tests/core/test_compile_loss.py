@@ -142,3 +142,24 @@ def test_a_failing_compiler_falls_back_to_eager_with_a_warning(monkeypatch):
         stage(b)
     assert m1 == pytest.approx(m0)
 
+
+
+@pytest.mark.slow
+def test_a_compiler_failing_only_on_the_backward_falls_back_to_eager(monkeypatch):
+    """AOTAutograd compiles the backward lazily, at ``loss.backward()``: the first call checks
+    it, so the failure is caught there and not in the backend's backward."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def no_backward(gm, example_inputs):
+        raise RuntimeError("CppCompileError: simulated backward compile failure")
+
+    backend = aot_autograd(fw_compiler=lambda gm, ex: gm, bw_compiler=no_backward)
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, backend=backend, **kw))
+    b = _batch(8, 12, seed=4)
+    stage = Stage("grpo", (), compile_loss=True)
+    with pytest.warns(RuntimeWarning, match="--compile-loss: torch.compile failed.*simulated backward"):
+        l1, g1, _ = stage(b)
+    l0, g0, _ = Stage("grpo", (), compile_loss=False)(b)
+    torch.testing.assert_close(l1, l0)
+    torch.testing.assert_close(g1, g0)
