@@ -89,9 +89,16 @@ def sample_categorical(log_probs: torch.Tensor, generator: torch.Generator) -> t
 
     Returns:
         long ``[b]`` token ids.
+
+    Raises:
+        ValueError: a row has no finite probability mass (NaN/inf logits from the model).
     """
     cdf = torch.cumsum(log_probs.exp(), -1, dtype=torch.float64)  # [b, V]
     total = cdf[:, -1:]  # [b, 1]
+    if not bool(((total > 0) & torch.isfinite(total)).all()):
+        bad = (~((total > 0) & torch.isfinite(total))).squeeze(1).nonzero().squeeze(1).tolist()
+        raise ValueError(f"cannot sample: rows {bad} of the next-token distribution are not finite "
+                         "(NaN or inf logits from the model)")
     u = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=cdf.device) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u < F_V even after rounding
     return torch.searchsorted(cdf, u, right=True).squeeze(1)

@@ -250,3 +250,11 @@ def test_sample_categorical_frequencies_support_and_seed():
     assert torch.all((freq - q).abs() <= 5 * (q * (1 - q) / n).sqrt() + 1e-12)
     again = sample_categorical(log_probs[:1000], torch.Generator().manual_seed(0))
     assert torch.equal(again, tok[:1000])
+
+
+def test_sample_categorical_refuses_a_non_finite_distribution():
+    """NaN logits must fail loudly, not return the out-of-range id V (review finding)."""
+    log_probs = torch.log_softmax(torch.randn(4, 3), -1)
+    log_probs[2] = float("nan")
+    with pytest.raises(ValueError, match=r"rows \[2\] .* not finite"):
+        sample_categorical(log_probs, torch.Generator().manual_seed(0))
