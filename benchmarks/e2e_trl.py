@@ -50,9 +50,10 @@ medians, and the *paired* ratio (the median over i of Relax's trained tokens/s i
 counted step over TRL's in its i-th: the two ran back to back, so each pair saw the same load).
 
 Batch and counted steps per model (``BATCH``): tiny Qwen3 2 prompts × 8 samples × ≤ 64 new
-tokens, 6 counted steps per side; SmolLM2 2 × 4 × ≤ 48, 4 counted steps per side; one warm-up
-step each.  Sized so that the whole of ``make bench`` stays under 20 minutes (this part takes
-about 4 minutes on the idle 2-core machine).
+tokens, 5 counted steps per side; SmolLM2 2 × 4 × ≤ 48, 3 counted steps per side; one warm-up
+step each.  Sized for the 20-minute budget of ``make bench``: with 6 + 4 counted steps this
+part took 13 minutes at load average 4–7 (other engineers' jobs; a SmolLM2 step took 7 s to
+100 s depending on them); the last steps, at load 2–4, suggest 3–4 minutes on an idle machine.
 
 Run:  .venv/bin/python benchmarks/e2e_trl.py [--models tiny,smollm2] [--steps N] [--smoke]
 The TRL venv:  python3 -m venv benchmarks/.envs/trl &&
@@ -269,7 +270,7 @@ def model_dir(kind: str, work: Path) -> str:
 
 #: (prompts, samples per prompt, max new tokens, counted steps) per model; --prompts/--group/
 #: --max-new/--steps override.
-BATCH = {"tiny": (2, 8, 64, 6), "smollm2": (2, 4, 48, 4)}
+BATCH = {"tiny": (2, 8, 64, 5), "smollm2": (2, 4, 48, 3)}
 
 
 def compare(kind: str, a: argparse.Namespace, work: Path) -> dict:
