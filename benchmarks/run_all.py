@@ -38,24 +38,25 @@ PY = sys.executable
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 TRL_PY = HERE / ".envs" / "trl" / "bin" / "python"
 
-#: (name, interpreter, script, full-run arguments, smoke arguments, what it measures)
+#: (name, interpreter, script, full-run arguments, smoke arguments, what it measures), in the order
+#: they run: the issue's headline parts first, so that a spent --budget stops the least important.
 SUITE = [
     ("algorithm", PY, "algorithm.py", [], ["--smoke"],
      "1. algorithm stage: relax vs loop vs bandwidth floor, 64k/1M/8M tokens; M2PO solver scaling"),
     ("e2e_trl", PY, "e2e_trl.py", [], ["--smoke"],
      "2. end to end vs TRL GRPOTrainer (tiny Qwen3, SmolLM2-135M)"),
+    ("startup", PY, "startup.py", ["--runs", "9"], ["--smoke"],
+     "4. start-up: relax --help, capabilities, load + validation, first rollout token"),
     ("engines", VLLM_PY, "engines.py", ["--prompts", "2", "--samples", "4", "--new-tokens", "32", "--repeats", "1"],
      ["--prompts", "1", "--samples", "2", "--new-tokens", "4", "--repeats", "1"],
      "3. rollout engines: hf vs vllm on the same batch (the vLLM engineer's benchmark, in .venv-vllm)"),
-    ("startup", PY, "startup.py", ["--runs", "9"], ["--smoke"],
-     "4. start-up: relax --help, capabilities, load + validation, first rollout token"),
+    ("reward_scoring", PY, "reward_scoring.py", [], ["--n", "16"],
+     "reward scoring: worker pool vs serial (the rewards engineer's benchmark)"),
     ("scaling", PY, "scaling.py", [], ["--smoke"],
      "5. scaling: batch 1x/2x/4x, data parallel 1 vs 2 ranks on Ray"),
     ("async", PY, "async.py", ["--steps", "3", "--repeats", "1", "--out", os.devnull],
      ["--steps", "2", "--repeats", "1", "--out", os.devnull],
      "5b. sync vs fully-async on Ray, Ray start-up (the Ray engineer's benchmark)"),
-    ("reward_scoring", PY, "reward_scoring.py", [], ["--n", "16"],
-     "reward scoring: worker pool vs serial (the rewards engineer's benchmark)"),
 ]
 
 
