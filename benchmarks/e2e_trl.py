@@ -51,9 +51,9 @@ counted step over TRL's in its i-th: the two ran back to back, so each pair saw 
 
 Batch and counted steps per model (``BATCH``): tiny Qwen3 2 prompts × 8 samples × ≤ 64 new
 tokens, 5 counted steps per side; SmolLM2 2 × 4 × ≤ 48, 3 counted steps per side; one warm-up
-step each.  Sized for the 20-minute budget of ``make bench``: with 6 + 4 counted steps this
-part took 13 minutes at load average 4–7 (other engineers' jobs; a SmolLM2 step took 7 s to
-100 s depending on them); the last steps, at load 2–4, suggest 3–4 minutes on an idle machine.
+step each.  Sized for the 20-minute budget of ``make bench``: 2.0 minutes at load average
+0.5–1.6; with 6 + 4 counted steps it took 13 minutes at load 4–7 (other engineers' jobs: a
+SmolLM2 step took 7 s to 100 s depending on them).
 
 Run:  .venv/bin/python benchmarks/e2e_trl.py [--models tiny,smollm2] [--steps N] [--smoke]
 The TRL venv:  python3 -m venv benchmarks/.envs/trl &&
