@@ -47,7 +47,7 @@ SUITE = [
      "2. end to end vs TRL GRPOTrainer (tiny Qwen3, SmolLM2-135M)"),
     ("startup", PY, "startup.py", ["--runs", "9"], ["--smoke"],
      "4. start-up: relax --help, capabilities, load + validation, first rollout token"),
-    ("engines", VLLM_PY, "engines.py", ["--prompts", "2", "--samples", "4", "--new-tokens", "32", "--repeats", "1"],
+    ("engines", VLLM_PY, "engines.py", ["--prompts", "2", "--samples", "4", "--new-tokens", "32", "--repeats", "3"],
      ["--prompts", "1", "--samples", "2", "--new-tokens", "4", "--repeats", "1"],
      "3. rollout engines: hf vs vllm on the same batch (the vLLM engineer's benchmark, in .venv-vllm)"),
     ("reward_scoring", PY, "reward_scoring.py", [], ["--n", "16"],
