@@ -52,7 +52,7 @@ SUITE = [
      "3. rollout engines: hf vs vllm on the same batch (the vLLM engineer's benchmark, in .venv-vllm)"),
     ("reward_scoring", PY, "reward_scoring.py", [], ["--n", "16"],
      "reward scoring: worker pool vs serial (the rewards engineer's benchmark)"),
-    ("scaling", PY, "scaling.py", [], ["--smoke"],
+    ("scaling", PY, "scaling.py", ["--steps", "4"], ["--smoke"],
      "5. scaling: batch 1x/2x/4x, data parallel 1 vs 2 ranks on Ray"),
     ("async", PY, "async.py", ["--steps", "3", "--repeats", "1", "--out", os.devnull],
      ["--steps", "2", "--repeats", "1", "--out", os.devnull],
