@@ -7,9 +7,9 @@ and command, to ``benchmarks/results/bench-<UTC date>-<time>.md`` (``--out`` to 
 
     .venv/bin/python benchmarks/run_all.py [--smoke] [--only NAME,...] [--out FILE] [--budget MIN]
 
-Sized for about 15 minutes on the 2-core development machine at a moderate load (each
-part's own duration is in ``BENCHMARKS.md``); the results file ends with a table of the
-minutes each part took and the load average before and after it.  ``--budget`` (default 20
+About 9 minutes on the 2-core development machine when nobody else uses it (each part's
+duration, quiet and under load, is in ``BENCHMARKS.md``); the results file ends with a table
+of the minutes each part took and the load average before and after it.  ``--budget`` (default 20
 minutes) is a safeguard: a part still running when the budget is spent is stopped, and the
 parts after it are reported as not run.  ``--smoke`` runs every script at tiny sizes, to check
 that they still work.  The end-to-end comparison needs TRL's own venv
