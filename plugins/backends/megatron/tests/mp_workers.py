@@ -3,11 +3,25 @@ every check runs in fresh processes started with ``torch.multiprocessing``)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import socket
 
+import pytest
 import torch
 
 VOCAB = 256
+
+#: skip a test when megatron-core is not installed
+needs_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
+                                    reason="megatron-core not installed (pip install -e 'plugins/backends/megatron[backend]')")
+
+
+def free_port() -> int:
+    """A free localhost TCP port for a process group's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def tiny_hf(kind: str, seed: int = 0):

@@ -3,8 +3,6 @@ log-probs, one training step; TP = 2 equals TP = 1; weight conversion both ways.
 
 from __future__ import annotations
 
-import importlib.util
-import socket
 import sys
 from pathlib import Path
 
@@ -12,24 +10,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-needs_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
-                                    reason="megatron-core not installed (pip install -e 'plugins/backends/megatron[backend]')")
 
 sys.path.insert(0, str(Path(__file__).parent))
 import mp_workers  # noqa: E402
+from mp_workers import free_port, needs_megatron  # noqa: E402
 
 from relax_megatron.backend import pack_sequences  # noqa: E402
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(world: int, kind: str, tmp_path: Path) -> dict:
     out = tmp_path / f"tp{world}_{kind}.pt"
-    torch.multiprocessing.spawn(mp_workers.worker, args=(world, _port(), kind, str(out)), nprocs=world, join=True)
+    torch.multiprocessing.spawn(mp_workers.worker, args=(world, free_port(), kind, str(out)), nprocs=world, join=True)
     return torch.load(out, weights_only=False)
 
 

@@ -5,7 +5,6 @@ backend; CP itself (Transformer Engine's attention) is refused without CUDA + TE
 from __future__ import annotations
 
 import importlib.util
-import socket
 import sys
 from pathlib import Path
 
@@ -13,24 +12,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
-needs_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
-                                    reason="megatron-core not installed (pip install -e 'plugins/backends/megatron[backend]')")
 
 sys.path.insert(0, str(Path(__file__).parent))
 import mp_parallel  # noqa: E402
 import mp_workers  # noqa: E402
+from mp_workers import free_port, needs_megatron  # noqa: E402
 
 from relax_megatron.parallel import cp_positions, cp_split, local_index, padded_length  # noqa: E402
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(fn, world: int, args: tuple, out: Path) -> list[dict]:
-    torch.multiprocessing.spawn(fn, args=(world, _port(), *args, str(out)), nprocs=world, join=True)
+    torch.multiprocessing.spawn(fn, args=(world, free_port(), *args, str(out)), nprocs=world, join=True)
     return [torch.load(f"{out}.rank{r}", weights_only=False) for r in range(world)]
 
 
