@@ -329,7 +329,8 @@ class TorchBackend:
         top_k = bool(getattr(loss_fn, "needs_top_k", self.needs_top_k)) and role == "actor"
         bounds = self.micro_batches(batch)
         dist = torch.distributed
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        data_parallel = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if data_parallel:
             count = torch.tensor([len(bounds)], device=self.device)
             dist.all_reduce(count, op=dist.ReduceOp.MAX)
             bounds = split_to_count(bounds, int(count.item()))
@@ -360,7 +361,7 @@ class TorchBackend:
         for q in params:
             if q.grad is None:
                 q.grad = torch.zeros_like(q)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if data_parallel:
             for q in params:
                 dist.all_reduce(q.grad)  # sum: the losses carry global denominators
             flag = torch.tensor([float(bool(bad))], device=self.device)
