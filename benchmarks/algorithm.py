@@ -66,7 +66,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import estimators as group_bench  # noqa: E402  (the group-estimator engineer's loop pieces)
 
 from relax_core.config import RunConfig  # noqa: E402
-from relax_core.contracts import AdvantageInput, ForwardOutput, TrainBatch  # noqa: E402
+from relax_core.batch import Batch  # noqa: E402
+from relax_core.contracts import AdvantageInput, ForwardOutput  # noqa: E402
 from relax_core.loss import ActorLoss, LossSettings  # noqa: E402
 from relax_core.plugins import default_registry  # noqa: E402
 
@@ -143,7 +144,7 @@ class RelaxStage:
         tensors = {"advantages": out.advantages, "old_log_probs": b["old"]}
         if self.corrections:
             tensors["rollout_log_probs"] = b["rollout"]
-        tb = TrainBatch(prompt_ids=[], response_ids=mask, loss_mask=mask, tensors=tensors)
+        tb = Batch(response_ids=mask, loss_mask=mask, **tensors)
         fn = ActorLoss(self.est, self.corrections, self.settings, num_tokens=float(mask.sum()),
                        num_samples=float(mask.shape[0]), old_from_current=False)
         lp = b["log_probs"]

@@ -26,7 +26,8 @@ def main() -> None:
     a = ap.parse_args()
 
     from relax_core.config import RunConfig
-    from relax_core.contracts import SamplingParams, TrainBatch
+    from relax_core.batch import Batch
+    from relax_core.contracts import SamplingParams
     from relax_hf.engine import build as build_engine
     from relax_hf.plugin import HFEngineParams
     from relax_torch.backend import build as build_backend
@@ -61,12 +62,12 @@ def main() -> None:
         return
     mask = torch.ones_like(out.response_ids, dtype=torch.bool)
     g = torch.Generator().manual_seed(0)
-    batch = TrainBatch(prompt_ids=prompts, response_ids=out.response_ids, loss_mask=mask,
-                       tensors={"advantages": torch.randn(mask.shape, generator=g)})
+    batch = Batch(prompt_ids=prompts, response_ids=out.response_ids, loss_mask=mask,
+                  advantages=torch.randn(mask.shape, generator=g))
     n_tok = float(mask.sum())
 
     def loss_fn(mb, fo):
-        loss = -(mb.tensors["advantages"] * fo.log_probs)[mb.loss_mask].sum() / n_tok
+        loss = -(mb.advantages * fo.log_probs)[mb.loss_mask].sum() / n_tok
         return loss, {}
 
     print(f"train batch: {len(prompts)} x ({len(prompts[0])} prompt + {a.new_tokens}) tokens")
@@ -76,7 +77,7 @@ def main() -> None:
         t0 = time.perf_counter()
         lp = be.forward(batch).log_probs
         t_fwd = time.perf_counter() - t0
-        diff = (lp - out.log_probs)[mask].abs()
+        diff = (lp - out.rollout_log_probs)[mask].abs()
         t0 = time.perf_counter()
         m = be.train_step(batch, loss_fn)
         t_step = time.perf_counter() - t0

@@ -7,8 +7,8 @@ backends, data sources) is a plugin registered through the hooks in
 
 The public API for plugin authors is exactly :data:`__all__`: the spec and capability
 types, :func:`param`, :data:`hookimpl` and :data:`API_VERSION` (importable without torch),
-and five modules, imported lazily on first access: ``contracts`` (the data contract between
-stages), ``numerics`` (masked reductions, group statistics, KL, normalisation), ``policy``
+and six modules, imported lazily on first access: ``batch`` (the declared batch fields),
+``contracts`` (the data contract between stages), ``numerics`` (masked reductions, group statistics, KL, normalisation), ``policy``
 (PPO-clip, REINFORCE, the group advantage stage), ``answers`` (final-answer extraction for
 reward scorers) and ``testing`` (the contract kit).
 Specs declare the ``api_version`` they were written against; the loader refuses versions it
@@ -56,6 +56,7 @@ __all__ = [
     "hookimpl",
     "param",
     "__version__",
+    "batch",
     "contracts",
     "numerics",
     "policy",
@@ -63,7 +64,7 @@ __all__ = [
     "testing",
 ]
 
-_LAZY_MODULES = ("contracts", "numerics", "policy", "answers", "testing")
+_LAZY_MODULES = ("batch", "contracts", "numerics", "policy", "answers", "testing")
 
 
 def __getattr__(name: str):

@@ -4,7 +4,10 @@ Layout (``--save``, default ``<run dir>/checkpoints``)::
 
     step_000012/
         backend/             model + optimizer + scheduler (the backend's own format)
-        trainer_state.json   step, data cursor, consecutive skipped steps, metrics so far
+        trainer_state.json   step, data cursor, consecutive skipped steps, metrics so far,
+                             the weight version the engine holds
+        engine.safetensors   the engine's weights, only when they lag the trainer's
+                             (--update-weights-interval > 1, saved between two pushes)
         rng.json             python and numpy RNG states
         rng_torch.safetensors  torch CPU (and CUDA) RNG states
     latest                   name of the newest complete checkpoint
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 
 LATEST = "latest"
+ENGINE_WEIGHTS = "engine.safetensors"
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -59,13 +63,16 @@ def set_rng_state(js: dict, tensors: dict[str, torch.Tensor]) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
-def save_checkpoint(root: Path, step: int, backend: Any, trainer_state: dict, keep: int = 2) -> Path:
+def save_checkpoint(root: Path, step: int, backend: Any, trainer_state: dict, keep: int = 2,
+                    engine_weights: dict[str, torch.Tensor] | None = None) -> Path:
     """Write checkpoint ``step`` under ``root`` atomically; keep the newest ``keep``.
 
     Args:
         root: checkpoint directory.
         backend: the training backend (``save_checkpoint(path)``).
         trainer_state: JSON-able loop state (step, cursor, metrics so far, …).
+        engine_weights: the engine's weights (Hugging Face names) when they differ from
+            the trainer's, else ``None``.
     """
     from safetensors.torch import save_file
 
@@ -80,6 +87,8 @@ def save_checkpoint(root: Path, step: int, backend: Any, trainer_state: dict, ke
     (tmp / "rng.json").write_text(json.dumps(js))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "rng_torch.safetensors"))
     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state))
+    if engine_weights is not None:
+        save_file({k: v.contiguous() for k, v in engine_weights.items()}, str(tmp / ENGINE_WEIGHTS))
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -106,3 +115,11 @@ def load_checkpoint(path: Path, backend: Any) -> dict:
     backend.load_checkpoint(str(path / "backend"))
     set_rng_state(json.loads((path / "rng.json").read_text()), load_file(str(path / "rng_torch.safetensors")))
     return json.loads((path / "trainer_state.json").read_text())
+
+
+def load_engine_weights(path: Path) -> dict[str, torch.Tensor] | None:
+    """The engine weights a checkpoint holds (see :func:`save_checkpoint`), or ``None``."""
+    from safetensors.torch import load_file
+
+    f = Path(path) / ENGINE_WEIGHTS
+    return load_file(str(f)) if f.is_file() else None

@@ -10,13 +10,22 @@ response tokens that carry loss.  Values at masked positions are *garbage by con
 
 Groups are identified by ``group_index`` (long ``[B]``), never by position.
 
+Per-sample and per-token fields are declared once, in :mod:`relax_core.batch`: the samples
+of a step are a :class:`~relax_core.batch.Batch`, and the inputs below that carry batch
+fields (:class:`GenerationOutput`, :class:`AdvantageInput`, :class:`PolicyLossInput`,
+:class:`CorrectionInput`) are read-only :class:`~relax_core.batch.Fields` views: any
+declared field reads as an attribute (``None`` when absent), so a component needing a new
+field declares it and reads it, and nothing in between changes.
+
 This module imports torch only for type checking, so it is safe to import anywhere.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from relax_core.batch import Batch, Fields
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -25,81 +34,24 @@ else:
     Tensor = Any
 
 
-@dataclass(frozen=True, kw_only=True)
-class RolloutBatch:
-    """What the rollout engine and the scorers produce for one step.
+class AdvantageInput(Fields):
+    """Input of ``Estimator.compute_advantages`` (runs once per step, on the whole batch):
+    a read-only view of the step's batch fields.
 
-    Attributes:
-        prompt_ids: list of B lists of prompt token ids (variable length).
-        response_ids: long ``[B, T]`` sampled tokens (pad id beyond the response).
-        loss_mask: bool ``[B, T]`` real response tokens that carry loss.
-        response_lengths: long ``[B]`` generated tokens per sample (0 = empty response).
-        rollout_log_probs: float32 ``[B, T]`` log q(y_t) under the engine's sampling
-            distribution (after temperature/top-p/top-k), in nats.
-        rewards: float32 ``[B]`` scalar rewards; NaN where the scorer returned ``None``.
-        group_index: long ``[B]`` which prompt group each sample belongs to.
-        prompt_index: long ``[B]`` global index of the prompt in the dataset (for
-            exactly-once accounting).
-        weight_version: long ``[B]`` trainer step whose weights generated the sample.
-        truncated: bool ``[B]`` stopped by the length limit, not by EOS.
-        top_k_ids / top_k_log_probs: long/float32 ``[B, T, k]`` the engine's top-k head
-            (log-probs normalised over the full vocabulary at the sampling temperature).
-        routed_experts: long ``[B, T, L, E]`` expert ids per MoE layer (-1 = padding): at
-            ``t``, the experts of the input position that predicts response token ``t`` (the
-            last prompt token for ``t = 0``), as :mod:`relax_core.routing` records and replays them.
-        texts / responses / labels / metadata: per-sample python data for scorers and logs.
-    """
+    Fields (see :data:`relax_core.batch.CORE_FIELDS`): ``rewards`` float32 ``[B]`` (after
+    post-processors; NaN = unscored), ``group_index`` long ``[B]``, ``loss_mask`` bool
+    ``[B, T]``, ``response_lengths`` long ``[B]``, ``old_log_probs`` float32 ``[B, T]``
+    (recomputed, or the rollout log-probs under ``--use-rollout-logprobs``; ``None`` when
+    no forward was needed), ``ref_log_probs`` (with a reference model), ``values`` (critic
+    values, for estimators that need a critic), and any other declared field present.
 
-    prompt_ids: list[list[int]]
-    response_ids: Tensor
-    loss_mask: Tensor
-    response_lengths: Tensor
-    rollout_log_probs: Tensor | None
-    rewards: Tensor
-    group_index: Tensor
-    prompt_index: Tensor
-    weight_version: Tensor
-    truncated: Tensor
-    top_k_ids: Tensor | None = None
-    top_k_log_probs: Tensor | None = None
-    routed_experts: Tensor | None = None
-    prompts: list[str] = field(default_factory=list)
-    responses: list[str] = field(default_factory=list)
-    labels: list[Any] = field(default_factory=list)
-    metadata: list[dict] = field(default_factory=list)
-
-    def replace(self, **changes: Any) -> "RolloutBatch":
-        return replace(self, **changes)
-
-    @property
-    def size(self) -> int:
-        return int(self.response_ids.shape[0])
-
-
-@dataclass(frozen=True, kw_only=True)
-class AdvantageInput:
-    """Input of ``Estimator.compute_advantages`` (runs once per step, on the whole batch).
-
-    Attributes:
-        rewards: float32 ``[B]`` (after post-processors); NaN = unscored.
-        group_index: long ``[B]``.
-        loss_mask: bool ``[B, T]``.
-        old_log_probs: float32 ``[B, T]`` log π_old (recomputed, or rollout log-probs
-            under ``--use-rollout-logprobs``).
-        ref_log_probs: float32 ``[B, T]`` log π_ref, when a reference model is loaded.
-        values: float32 ``[B, T]`` critic values V(s_t), for estimators that need a critic.
+    Extra:
         process_group: torch.distributed group for statistics reduced across data-parallel
             ranks (``None`` = this process holds the whole batch).
     """
 
-    rewards: Tensor
-    group_index: Tensor
-    loss_mask: Tensor
-    old_log_probs: Tensor | None = None
-    ref_log_probs: Tensor | None = None
-    values: Tensor | None = None
-    response_lengths: Tensor | None = None
-    process_group: Any = None
+    __slots__ = ()
+    extra: ClassVar[frozenset[str]] = frozenset({"process_group"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,26 +75,22 @@ class AdvantageOutput:
     normalized: bool = False
 
 
-@dataclass(frozen=True, kw_only=True)
-class PolicyLossInput:
-    """Input of ``Estimator.policy_loss`` for one micro-batch.
+class PolicyLossInput(Fields):
+    """Input of ``Estimator.policy_loss`` for one micro-batch: a read-only view of the
+    micro-batch's fields and the backend's forward.
 
-    Attributes:
-        log_probs: ``[B, T]`` log π_θ of the sampled tokens (requires grad).
-        old_log_probs: ``[B, T]`` log π_old (detached).
-        advantages: ``[B, T]`` (detached).
-        loss_mask: bool ``[B, T]``.
-        rollout_log_probs: ``[B, T]`` log q from the engine, when available.
+    Fields: ``log_probs`` ``[B, T]`` log π_θ of the sampled tokens (requires grad),
+    ``old_log_probs`` ``[B, T]`` log π_old (detached), ``advantages`` ``[B, T]`` (detached),
+    ``loss_mask`` bool ``[B, T]``, ``rollout_log_probs`` ``[B, T]`` log q from the engine
+    when available, and any other declared field of the micro-batch.
+
+    Extra:
         process_group: data/context-parallel group for statistics the estimator reduces
             across ranks (``None`` = local only).
     """
 
-    log_probs: Tensor
-    old_log_probs: Tensor
-    advantages: Tensor
-    loss_mask: Tensor
-    rollout_log_probs: Tensor | None = None
-    process_group: Any = None
+    __slots__ = ()
+    extra: ClassVar[frozenset[str]] = frozenset({"process_group"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,40 +171,28 @@ class CriticEstimator(Estimator, Protocol):
     def value_loss(self, inp: ValueLossInput) -> PolicyLossOutput: ...
 
 
-@dataclass(frozen=True, kw_only=True)
-class CorrectionInput:
-    """Input of ``Correction.apply`` for one micro-batch.
+class CorrectionInput(Fields):
+    """Input of ``Correction.apply`` for one micro-batch: a read-only view of the
+    micro-batch's fields and the backend's forward, plus the loss so far.
 
-    Attributes:
+    Fields: ``log_probs`` ``[B, T]`` log p_θ (current policy, requires grad),
+    ``old_log_probs`` ``[B, T]`` log p_0 (detached), ``rollout_log_probs`` ``[B, T]`` log q
+    (engine), ``advantages``, ``loss_mask``, ``response_ids``, ``top_k_ids`` /
+    ``top_k_log_probs`` ``[B, T, k]`` (engine head: ids, log q_v),
+    ``train_top_k_log_probs`` ``[B, T, k]`` (log p_v of the trainer at the same ids, with
+    grad), and any other declared field (a plugin's own, e.g.).
+
+    Extra:
         loss: ``[B, T]`` per-token policy loss after the estimator's own clipping (and
             after earlier corrections).
-        log_probs: ``[B, T]`` log p_θ (current policy, requires grad).
-        old_log_probs: ``[B, T]`` log p_0 (recomputed old policy, detached).
-        rollout_log_probs: ``[B, T]`` log q (engine), when the engine returns them.
-        advantages: ``[B, T]``.
-        loss_mask: bool ``[B, T]``.
         policy_loss_kind: the estimator's declared ``policy_loss_kind``.
-        top_k_ids / top_k_log_probs: ``[B, T, k]`` engine head (ids, log q_v).
-        train_top_k_log_probs: ``[B, T, k]`` log p_v of the trainer at the same ids
-            (full-vocabulary softmax), with grad.
         is_weight: optional callable ``ratio [..] -> weight [..]`` giving the IS rule of an
             importance-weight correction selected in the same run (for score centering).
-        response_ids: long ``[B, T]`` the sampled tokens, when the core passes them (score
-            centering checks that the heads and the sampled-token log-probs agree).
+        process_group: as :class:`PolicyLossInput`.
     """
 
-    loss: Tensor
-    log_probs: Tensor
-    old_log_probs: Tensor
-    advantages: Tensor
-    loss_mask: Tensor
-    policy_loss_kind: str
-    rollout_log_probs: Tensor | None = None
-    top_k_ids: Tensor | None = None
-    top_k_log_probs: Tensor | None = None
-    train_top_k_log_probs: Tensor | None = None
-    is_weight: Any = None
-    response_ids: Tensor | None = None
+    __slots__ = ()
+    extra: ClassVar[frozenset[str]] = frozenset({"loss", "policy_loss_kind", "is_weight", "process_group"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -317,30 +253,24 @@ class SamplingParams:
     return_routed_experts: bool = False
 
 
-@dataclass(frozen=True, kw_only=True)
-class GenerationOutput:
+class GenerationOutput(Fields):
     """What ``RolloutEngine.generate`` returns for B prompts (one sample each; repeat a
-    prompt to get a group).
+    prompt to get a group): a view of rollout-stage batch fields.  The engine owns the
+    tokens and the mask: the loop trains on exactly these ids and this ``loss_mask``.
 
-    Attributes:
-        response_ids: long ``[B, T]`` (pad id after each response).
-        response_lengths: long ``[B]``.
-        log_probs: float32 ``[B, T]`` log q of each sampled token under the sampling
-            distribution (temperature, top-p, top-k applied); garbage past the length.
-        truncated: bool ``[B]`` hit ``max_new_tokens`` without EOS/stop.
-        texts: decoded responses.
-        top_k_ids / top_k_log_probs: ``[B, T, k]`` when requested.
-        routed_experts: long ``[B, T, L, E]`` when requested (-1 padding).
+    Fields: ``response_ids`` long ``[B, T]`` (pad id after each response),
+    ``response_lengths`` long ``[B]``, ``loss_mask`` bool ``[B, T]`` (the positions that
+    carry loss; a single completion: :func:`relax_core.batch.length_mask`),
+    ``rollout_log_probs`` float32 ``[B, T]`` log q of each sampled token under the sampling
+    distribution (temperature, top-p, top-k applied; garbage past the length),
+    ``truncated`` bool ``[B]`` (hit ``max_new_tokens`` without EOS/stop), ``responses``
+    (decoded texts), ``top_k_ids`` / ``top_k_log_probs`` ``[B, T, k]`` and
+    ``routed_experts`` long ``[B, T, L, E]`` when requested, and any declared field the
+    engine provides.
     """
 
-    response_ids: Tensor
-    response_lengths: Tensor
-    log_probs: Tensor
-    truncated: Tensor
-    texts: list[str]
-    top_k_ids: Tensor | None = None
-    top_k_log_probs: Tensor | None = None
-    routed_experts: Tensor | None = None
+    __slots__ = ()
+    stages: ClassVar[frozenset[str] | None] = frozenset({"rollout"})
 
 
 class RolloutEngine(Protocol):
@@ -361,36 +291,13 @@ class RolloutEngine(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainBatch:
-    """Token data of a batch as the training backend sees it.
-
-    Attributes:
-        prompt_ids: list of B prompt token-id lists.
-        response_ids: long ``[B, T]``.
-        loss_mask: bool ``[B, T]``.
-        tensors: other ``[B, ...]`` tensors the loss needs (old_log_probs, advantages,
-            returns, rollout_log_probs, ref_log_probs, values, top_k_ids, routed_experts...);
-            the backend slices them per micro-batch along dim 0.
-    """
-
-    prompt_ids: list[list[int]]
-    response_ids: Tensor
-    loss_mask: Tensor
-    tensors: dict[str, Tensor] = field(default_factory=dict)
-
-    @property
-    def size(self) -> int:
-        return int(self.response_ids.shape[0])
-
-
-@dataclass(frozen=True, kw_only=True)
 class ForwardOutput:
     """The backend's forward on one micro-batch (all ``[b, T]`` aligned with responses).
 
     Attributes:
         log_probs: float32 ``[b, T]`` log π_θ of the response tokens (with grad in training).
         entropy: float32 ``[b, T]`` token entropy (when asked).
-        top_k_log_probs: ``[b, T, k]`` log π_θ at ``tensors['top_k_ids']`` (when asked).
+        top_k_log_probs: ``[b, T, k]`` log π_θ at the batch's ``top_k_ids`` (when asked).
         values: ``[b, T]`` critic values (critic forward).
     """
 
@@ -417,10 +324,10 @@ class TrainBackend(Protocol):
     rank is its own replica (``rank``, ``world size``, the whole group).
     """
 
-    def forward(self, batch: TrainBatch, *, role: str = "actor", entropy: bool = False,
+    def forward(self, batch: Batch, *, role: str = "actor", entropy: bool = False,
                 top_k: bool = False) -> ForwardOutput: ...
 
-    def train_step(self, batch: TrainBatch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]: ...
+    def train_step(self, batch: Batch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]: ...
 
     def engine_state_dict(self) -> Any: ...
 

@@ -16,11 +16,25 @@ from pathlib import Path
 from typing import Any
 
 EXIT_BAD_INPUT = 2
+#: exit code of a run stopped because a training worker died
+EXIT_WORKER_DIED = 4
 
 
 def _error(msg: str) -> int:
     print(f"relax: error: {msg}", file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+def _error_worker_died(e: Exception, ckpt_dir: Path) -> int:
+    """Name the checkpoint to resume from after a training worker died."""
+    from relax_core import checkpoint as ckpt
+
+    last = ckpt.latest_checkpoint(ckpt_dir)
+    where = (f"the last checkpoint is {last} (step {json.loads((last / 'trainer_state.json').read_text())['step']}); "
+             "continue with the same flags and --resume" if last else
+             "no checkpoint was saved (use --save-interval N to keep resumable state)")
+    print(f"relax: error: {e}; {where}", file=sys.stderr, flush=True)
+    return EXIT_WORKER_DIED
 
 
 def find_run_dir(cfg: Any) -> Path:
@@ -85,7 +99,7 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     from relax_core.config import config_to_dict
     from relax_core.rewarding import build_processors
     from relax_core.metrics import git_commit
-    from relax_core.trainer import Components, Trainer
+    from relax_core.trainer import Components, build_trainer
 
     random.seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
@@ -132,8 +146,7 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
         top_k=top_k, routed_experts=routed,
         num_critic_only_steps=critic_settings.num_critic_only_steps if critic_settings else 0)
-    trainer_class = runtime.trainer_class if runtime else Trainer
-    trainer = trainer_class(cfg, comps, train_data, eval_data, run_dir, est_caps.policy_loss_kind, config_dict)
+    trainer = build_trainer(cfg, comps, train_data, eval_data, run_dir, est_caps.policy_loss_kind, config_dict)
     info = {
         "relax_core": __import__("relax_core").__version__, "plugins": plugin_versions(reg),
         "git_commit": git_commit(Path(__file__).resolve().parent), "python": sys.version.split()[0],
@@ -146,6 +159,10 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     (run_dir / "run_info.json").write_text(json.dumps(info, indent=2, default=str))
     try:
         return trainer.run()
+    except Exception as e:
+        if runtime is None or not runtime.worker_died(e):
+            raise
+        return _error_worker_died(e, trainer.ckpt_dir)
     finally:
         shutdown = getattr(engine, "shutdown", None)
         if shutdown:

@@ -30,7 +30,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from relax_core.contracts import CorrectionInput, ForwardOutput, PolicyLossInput, TrainBatch
+from relax_core.batch import FIELDS, Batch
+from relax_core.contracts import CorrectionInput, ForwardOutput, PolicyLossInput
 from relax_core.numerics import kl_estimate, masked_fill_zero, reduce_loss, token_metric_mean
 
 
@@ -98,11 +99,7 @@ class _LossMetrics:
 
 
 def actor_loss_terms(estimator: Any, corrections: list[Any], s: LossSettings, process_group: Any, *,
-                     log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor,
-                     rollout_log_probs: Tensor | None, ref_log_probs: Tensor | None, entropy: Tensor | None,
-                     top_k_ids: Tensor | None, top_k_log_probs: Tensor | None,
-                     train_top_k_log_probs: Tensor | None, response_ids: Tensor | None,
-                     num_tokens: Tensor, num_samples: Tensor) -> tuple[Tensor, dict[str, Tensor], dict[str, Any]]:
+                     num_tokens: Tensor, num_samples: Tensor, **fields: Tensor) -> tuple[Tensor, dict[str, Tensor], dict[str, Any]]:
     """The pure per-token part of the actor loss of one micro-batch: policy loss →
     corrections → the run's reduction (+ KL loss − entropy bonus) → token-metric means.
     Tensors in, tensors out, no host synchronisation, so that ``--compile-loss`` can fuse
@@ -110,15 +107,16 @@ def actor_loss_terms(estimator: Any, corrections: list[Any], s: LossSettings, pr
 
     Args:
         estimator, corrections, s, process_group: as :class:`ActorLoss`.
-        log_probs: ``[b, T]`` log π_θ (requires grad).
-        old_log_probs, advantages, rollout_log_probs, ref_log_probs: ``[b, T]`` (detached).
-        loss_mask: bool ``[b, T]``.
-        entropy: ``[b, T]`` or ``None``.
-        top_k_ids, top_k_log_probs, train_top_k_log_probs: ``[b, T, k]`` or ``None``.
-        response_ids: ``[b, T]`` or ``None``.
         num_tokens, num_samples: 0-dim float32 tensors, the global batch's denominators
             (tensors, not Python floats, so that a compiled graph does not specialise on
             their values and recompile at every step).
+        fields: the micro-batch's tensor fields (:mod:`relax_core.batch`) with the
+            backend's forward: ``log_probs`` ``[b, T]`` (requires grad), ``old_log_probs``,
+            ``advantages``, ``loss_mask`` (bool), and where present ``entropy``,
+            ``train_top_k_log_probs``, ``rollout_log_probs``, ``ref_log_probs`` and any
+            other field; the estimator and every correction see them all as a read-only
+            view (:class:`~relax_core.contracts.PolicyLossInput`,
+            :class:`~relax_core.contracts.CorrectionInput`).
 
     Returns:
         ``(loss, metrics, scalar_metrics)``: the 0-dim loss (with grad); this micro-batch's
@@ -126,18 +124,14 @@ def actor_loss_terms(estimator: Any, corrections: list[Any], s: LossSettings, pr
         ``kl_loss``, ``entropy``, ``loss`` and each token metric's masked mean over
         ``num_tokens``); the estimator's and corrections' scalar metrics as they return them.
     """
-    mask = loss_mask
-    pl = estimator.policy_loss(PolicyLossInput(
-        log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages, loss_mask=mask,
-        rollout_log_probs=rollout_log_probs, process_group=process_group))
+    mask = fields["loss_mask"]
+    log_probs, entropy, rollout_log_probs = fields["log_probs"], fields.get("entropy"), fields.get("rollout_log_probs")
+    pl = estimator.policy_loss(PolicyLossInput(**fields, process_group=process_group))
     per_token, token_metrics, scalar_metrics = pl.loss, dict(pl.token_metrics), dict(pl.scalar_metrics)
     is_weight = next((c.is_weight for c in corrections if callable(getattr(c, "is_weight", None))), None)
     for corr in corrections:
-        co = corr.apply(CorrectionInput(
-            loss=per_token, log_probs=log_probs, old_log_probs=old_log_probs, advantages=advantages,
-            loss_mask=mask, policy_loss_kind=s.policy_loss_kind, rollout_log_probs=rollout_log_probs,
-            top_k_ids=top_k_ids, top_k_log_probs=top_k_log_probs, train_top_k_log_probs=train_top_k_log_probs,
-            is_weight=is_weight, response_ids=response_ids))
+        co = corr.apply(CorrectionInput(**fields, loss=per_token, policy_loss_kind=s.policy_loss_kind,
+                                        is_weight=is_weight, process_group=process_group))
         per_token = co.loss
         token_metrics.update(co.token_metrics)
         scalar_metrics.update(co.scalar_metrics)
@@ -150,7 +144,7 @@ def actor_loss_terms(estimator: Any, corrections: list[Any], s: LossSettings, pr
     loss = pg_loss
     metrics = {"pg_loss": pg_loss.detach()}
     if s.use_kl_loss:
-        kl_loss = reduce(kl_estimate(log_probs, ref_log_probs, s.kl_loss_type, mask=mask))
+        kl_loss = reduce(kl_estimate(log_probs, fields["ref_log_probs"], s.kl_loss_type, mask=mask))
         loss = loss + s.kl_loss_coef * kl_loss
         metrics["kl_loss"] = kl_loss.detach()
     if entropy is not None:
@@ -248,13 +242,14 @@ class ActorLoss(_LossMetrics):
         num_tokens / num_samples: the global batch's valid tokens and samples.
         old_from_current: use ``detach(log π_θ)`` as ``log π_old`` (exactly one update per
             rollout with the engine and the trainer on the same weights); else
-            ``micro_batch.tensors['old_log_probs']``.
+            the micro-batch's ``old_log_probs``.
         process_group: the data-parallel group, given to the estimator as
             ``PolicyLossInput.process_group`` for statistics it reduces across ranks
             (``None`` = this process holds the whole batch).
 
-    Micro-batch tensors used: ``advantages`` ``[b, T]``, ``old_log_probs``,
-    ``rollout_log_probs``, ``ref_log_probs`` (KL loss), ``top_k_ids``/``top_k_log_probs``.
+    Every tensor field of the micro-batch reaches the estimator and the corrections
+    (``advantages`` ``[b, T]``, ``old_log_probs``, ``rollout_log_probs``, ``ref_log_probs``
+    for the KL loss, ``top_k_ids``/``top_k_log_probs``, a plugin's own fields…).
 
     After the step, :meth:`metrics` gives ``train/loss``, ``train/pg_loss``,
     ``train/kl_loss``, ``train/entropy`` and every token/scalar metric of the estimator and
@@ -275,18 +270,19 @@ class ActorLoss(_LossMetrics):
         self._terms = _terms_fn(estimator, corrections, settings, process_group)
         self._acc = _Accumulator()
 
-    def __call__(self, mb: TrainBatch, out: ForwardOutput) -> tuple[Tensor, dict[str, float]]:
-        t = mb.tensors
+    def __call__(self, mb: Batch, out: ForwardOutput) -> tuple[Tensor, dict[str, float]]:
         log_probs = out.log_probs  # [b, T], requires grad
         dev = log_probs.device
+        fields = {k: v for k, v in mb.items().items() if FIELDS[k].per != "object"}
+        fields.update(log_probs=log_probs, loss_mask=mb.loss_mask.bool())
+        if self.old_from_current:
+            fields["old_log_probs"] = log_probs.detach()
+        for name, v in (("entropy", out.entropy), ("train_top_k_log_probs", out.top_k_log_probs)):
+            if v is not None:
+                fields[name] = v
         loss, metrics, scalar_metrics = self._terms(
-            log_probs=log_probs, old_log_probs=log_probs.detach() if self.old_from_current else t["old_log_probs"],
-            advantages=t["advantages"], loss_mask=mb.loss_mask.bool(), rollout_log_probs=t.get("rollout_log_probs"),
-            ref_log_probs=t["ref_log_probs"] if self.s.use_kl_loss else None, entropy=out.entropy,
-            top_k_ids=t.get("top_k_ids"), top_k_log_probs=t.get("top_k_log_probs"),
-            train_top_k_log_probs=out.top_k_log_probs, response_ids=mb.response_ids,
             num_tokens=torch.tensor(float(self.num_tokens), device=dev),
-            num_samples=torch.tensor(float(self.num_samples), device=dev))
+            num_samples=torch.tensor(float(self.num_samples), device=dev), **fields)
         values = dict(zip(metrics, torch.stack([v.float() for v in metrics.values()]).tolist()))  # one sync
         for name, v in values.items():
             self._acc.add(name, v)
@@ -313,10 +309,10 @@ class CriticLoss(_LossMetrics):
         self.needs_top_k = False
         self._acc = _Accumulator()
 
-    def __call__(self, mb: TrainBatch, out: ForwardOutput) -> tuple[Tensor, dict[str, float]]:
+    def __call__(self, mb: Batch, out: ForwardOutput) -> tuple[Tensor, dict[str, float]]:
         mask = mb.loss_mask.bool()
         vo = self.estimator.value_loss(self._input(
-            values=out.values, old_values=mb.tensors["values"], returns=mb.tensors["returns"], loss_mask=mask))
+            values=out.values, old_values=mb.values, returns=mb.returns, loss_mask=mask))
         loss = reduce_loss(vo.loss, mask, self.s.reduction, num_tokens=self.num_tokens,
                            num_samples=self.num_samples, norm_constant=self.s.norm_constant)
         self._acc.add("value_loss", loss)

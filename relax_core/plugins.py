@@ -24,7 +24,8 @@ from typing import Any, Iterable
 import pluggy
 
 from relax_core import hookspecs
-from relax_core.specs import SPEC_TYPES, SUPPORTED_API_VERSIONS, ComponentSpec
+from relax_core.batch import declare
+from relax_core.specs import SPEC_TYPES, ComponentSpec, api_version_problem
 
 ENTRY_POINT_GROUP = "relax.plugins"
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -181,11 +182,11 @@ def _collect(pm: pluggy.PluginManager, plugin: Any, info: PluginInfo) -> list[tu
             want = SPEC_TYPES[kind]
             if not isinstance(spec, want):
                 raise TypeError(f"{hook_name} returned {type(spec).__name__}, expected {want.__name__}")
-            if spec.api_version not in SUPPORTED_API_VERSIONS:
+            why = api_version_problem(kind, spec.api_version)
+            if why:
                 raise ValueError(
-                    f"{kind} '{spec.name}' declares api_version {spec.api_version}; this relax-core "
-                    f"supports {sorted(SUPPORTED_API_VERSIONS)}: upgrade relax-core or install a "
-                    f"version of {info.dist} written for it")
+                    f"{kind} '{spec.name}' declares api_version {spec.api_version}; {why}: upgrade relax-core or "
+                    f"install a version of {info.dist} written for it")
             problems = _spec_problems(spec, kind)
             if problems:
                 raise ValueError("; ".join(problems))
@@ -248,6 +249,9 @@ def load_registry(
                 raise ValueError("; ".join(bad))
             pm.register(plugin, name=info.name)  # checks hook signatures against the specs
             specs = _collect(pm, plugin, info)
+            for _, spec in specs:  # the plugin's batch fields join the schema
+                for f in spec.fields:
+                    declare(dataclasses.replace(f, declared_by=info.dist))
             info.path = getattr(plugin, "__file__", None) or info.path
         except Exception as e:  # a broken plugin must not break the others
             if plugin is not None and pm.is_registered(plugin):

@@ -339,8 +339,10 @@ def build(params, config) -> Processor:
 
 TODO: wrap your inference library.  Implement the ``RolloutEngine`` protocol of
 ``relax_core.contracts``: ``generate(prompt_ids, sampling) -> GenerationOutput`` with the
-per-token log-probs of the sampled tokens under the sampling distribution, and
-``update_weights(state_dict, version)``.
+sampled token ids, the ``loss_mask`` of the positions that carry loss
+(``relax_core.batch.length_mask`` for one completion per prompt), the per-token
+log-probs of the sampled tokens under the sampling distribution (``rollout_log_probs``),
+and ``update_weights(state_dict, version)``.
 """
 
 from __future__ import annotations

@@ -21,9 +21,29 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Literal
 
 #: Version of the plugin API.  Specs declare the version they were written against;
-#: the loader refuses versions it does not support (see ``SUPPORTED_API_VERSIONS``).
-API_VERSION = 1
-SUPPORTED_API_VERSIONS = frozenset({1})
+#: the loader refuses versions it does not support (:func:`api_version_problem`).
+#: 2: the batch schema (:mod:`relax_core.batch`): engines return ``loss_mask``,
+#: ``rollout_log_probs`` and ``responses`` (were ``log_probs`` and ``texts``), backends take
+#: a ``Batch`` (was ``TrainBatch`` with a ``tensors`` dict), specs may declare ``fields``,
+#: ``provides`` and ``requires``.
+API_VERSION = 2
+SUPPORTED_API_VERSIONS = frozenset({1, 2})
+#: kinds whose contract changed in version 2; their version-1 plugins are refused
+CHANGED_IN_2 = {"engine": "GenerationOutput must hold loss_mask, and log_probs/texts are now rollout_log_probs/"
+                          "responses", "backend": "the training batch is relax_core.batch.Batch (TrainBatch and its "
+                                                  "tensors dict are gone: read batch.<field>)"}
+
+
+def api_version_problem(kind: str, version: int) -> str | None:
+    """Why a spec of ``kind`` written for plugin API ``version`` cannot load, or ``None``.
+    Version 1 estimators, corrections, scorers, post-processors and data sources still
+    load: the inputs they read kept their attribute names."""
+    if version not in SUPPORTED_API_VERSIONS:
+        return f"this relax-core supports {sorted(SUPPORTED_API_VERSIONS)}"
+    if version == 1 and kind in CHANGED_IN_2:
+        return (f"api_version 1 {kind}s no longer load: since api_version 2 {CHANGED_IN_2[kind]} "
+                "(docs/guide/writing-plugins.md)")
+    return None
 
 _MISSING = dataclasses.MISSING
 
@@ -221,6 +241,15 @@ class ComponentSpec:
     fields; startup validation reports them when the component is selected."""
     capabilities: Any = None
     """A capabilities instance, or a callable ``params -> capabilities``."""
+    fields: tuple[Any, ...] = ()
+    """New batch fields this plugin declares (:class:`relax_core.batch.Field`), registered
+    when the plugin loads; then any component may provide or read them by name."""
+    provides: tuple[str, ...] = ()
+    """Batch fields this component produces beyond what its kind always gives (e.g. an
+    engine passing a plugin field to ``GenerationOutput``)."""
+    requires: tuple[str, ...] = ()
+    """Batch fields this component reads; startup validation refuses a run in which no
+    selected component (nor the core) provides one of them."""
     api_version: int = API_VERSION
 
     def default_params(self) -> Any:

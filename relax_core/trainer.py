@@ -1,14 +1,17 @@
-"""The synchronous training loop.  One step, top to bottom::
+"""The training loop, written once.  One step, top to bottom::
 
-    1. rollout     rollout_batch_size prompts × n_samples_per_prompt samples  (engine)
-    2. reward      scorer per sample, then the post-processors in order         (rewarding)
-    3. advantage   old / ref log-probs and critic values, then the estimator    (backend, estimator)
-    4. loss+step   per optimizer step: policy loss → corrections → reduce →
-                   + KL loss − entropy bonus; critic step for PPO               (loss.py, backend)
-       then the new weights go to the engine.
+    1. rollout     a scored batch from the rollout source              (relax_core.rollout)
+    2. advantage   old / ref log-probs and critic values (backend no-grad forwards),
+                   then the estimator's advantages and returns
+    3. optimize    per optimizer step: critic step (PPO), then the actor's loss
+                   (policy loss → corrections → reduce + KL − entropy, relax_core.loss)
+    4. publish     the new weights to the engine every --update-weights-interval steps
 
-Everything the loop calls is a plain object built from a plugin spec (see
-:mod:`relax_core.launch`).  Shapes: ``B`` samples, ``T`` padded response length.
+Synchronous local, synchronous Ray and fully-async Ray runs differ only in the objects
+given to :class:`Trainer` (the engine and backend, or their Ray proxies; a
+:class:`~relax_core.rollout.SyncSource` or :class:`~relax_core.rollout.AsyncSource`; a
+pushing or posting :class:`~relax_core.rollout.Publisher`): see
+:func:`relax_core.launch.launch`.  Shapes: ``B`` samples, ``T`` padded response length.
 
 Old log-probs (``train/old_logp_source``): 0 = ``detach(log π_θ)`` in the loss, used when
 there is exactly one optimizer step per rollout and nothing before the update needs them
@@ -27,20 +30,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
 from relax_core import checkpoint as ckpt
-from relax_core.contracts import AdvantageInput, RewardBatch, RolloutBatch, SamplingParams, TrainBatch
-from relax_core.data import DataCursor, Dataset, encode_prompts
+from relax_core.batch import Batch
+from relax_core.contracts import AdvantageInput
 from relax_core.loss import ActorLoss, CriticLoss, LossSettings, global_denominators
 from relax_core.metrics import MetricsLogger, rewrite_metrics
-from relax_core.rewarding import apply_processors
-from relax_core.numerics import ZERO_STD_TOL, group_stats, masked_normalize
+from relax_core.numerics import masked_normalize
+from relax_core.rollout import AsyncSource, Publisher, Rollout, SyncSource, sample_records
 
 OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, OLD_LOGP_ROLLOUT = 0, 1, 2
 EXIT_OK, EXIT_SKIPPED, EXIT_INTERRUPTED = 0, 3, 130
-#: A sample counts as correct for pass@1 when its reward is at least this.
-CORRECT_REWARD = 1.0 - 1e-6
+#: per step, the dataset index, group and weight version of every sample trained
+TRAINED_LOG = "trained_prompts.jsonl"
 
 
 @dataclass
@@ -64,7 +65,7 @@ class Components:
 
 @dataclass
 class LoopState:
-    """What a checkpoint must restore besides weights and RNG states."""
+    """What a checkpoint must restore besides weights, RNG states and the rollout side."""
 
     step: int = 0
     consecutive_skipped: int = 0
@@ -72,132 +73,13 @@ class LoopState:
     history: list[dict] = field(default_factory=list)
 
 
-def sampling_seed(seed: int, step: int, round_: int = 0) -> int:
-    """Per-step generation seed, so a resumed run samples exactly what the original did."""
-    return (seed * 1_000_003 + step * 101 + round_) % (2**31 - 1)
-
-
-# --------------------------------------------------------------------------- batch helpers
-
-
-def _pad_to(x: torch.Tensor, t: int, value: float) -> torch.Tensor:
-    if x.shape[1] == t:
-        return x
-    pad = torch.full((x.shape[0], t - x.shape[1], *x.shape[2:]), value, dtype=x.dtype)
-    return torch.cat([x, pad], dim=1)
-
-
-def select(batch: RolloutBatch, idx: list[int]) -> RolloutBatch:
-    """The samples ``idx`` of a batch (tensors and python lists alike)."""
-    ix = torch.as_tensor(idx, dtype=torch.long)
-    out = {}
-    for name in ("response_ids", "loss_mask", "response_lengths", "rollout_log_probs", "rewards", "group_index",
-                 "prompt_index", "weight_version", "truncated", "top_k_ids", "top_k_log_probs", "routed_experts"):
-        v = getattr(batch, name)
-        out[name] = None if v is None else v[ix]
-    for name in ("prompt_ids", "prompts", "responses", "labels", "metadata"):
-        v = getattr(batch, name)
-        out[name] = [v[i] for i in idx] if v else v
-    return batch.replace(**out)
-
-
-def concat(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
-    """Concatenate batches along samples, right-padding token fields to the widest."""
-    if len(batches) == 1:
-        return batches[0]
-    t = max(b.response_ids.shape[1] for b in batches)
-    pads = {"response_ids": pad_id, "loss_mask": False, "rollout_log_probs": 0.0, "top_k_ids": 0,
-            "top_k_log_probs": 0.0, "routed_experts": -1}
-    out: dict[str, Any] = {}
-    for name in ("response_ids", "loss_mask", "response_lengths", "rollout_log_probs", "rewards", "group_index",
-                 "prompt_index", "weight_version", "truncated", "top_k_ids", "top_k_log_probs", "routed_experts"):
-        vals = [getattr(b, name) for b in batches]
-        if vals[0] is None:
-            out[name] = None
-            continue
-        if name in pads:
-            vals = [_pad_to(v, t, pads[name]) for v in vals]
-        out[name] = torch.cat(vals)
-    for name in ("prompt_ids", "prompts", "responses", "labels", "metadata"):
-        out[name] = [x for b in batches for x in getattr(b, name)]
-    return batches[0].replace(**out)
-
-
-def staleness_metrics(weight_version: torch.Tensor, step: int) -> dict[str, float]:
-    """``staleness/mean`` and ``staleness/max`` of the samples trained at ``step``.
-
-    ``weight_version``: long ``[B]``, the step whose weights generated each sample (0 = the
-    initial weights).  The staleness of a sample trained at step ``k`` is
-    ``(k - 1) - weight_version`` steps: 0 when it was generated by the weights the trainer
-    held before step ``k`` (on-policy); up to ``--update-weights-interval - 1`` in the
-    synchronous loop, up to ``--max-staleness`` with ``--fully-async``.
-    """
-    if weight_version.numel() == 0:
-        return {"staleness/mean": 0.0, "staleness/max": 0.0}
-    s = (step - 1 - weight_version).float()
-    return {"staleness/mean": float(s.mean()), "staleness/max": float(s.max())}
-
-
-def rollout_metrics(batch: RolloutBatch, generated: list[RolloutBatch]) -> dict[str, float]:
-    """``rollout/*`` metrics of a step: rewards, lengths and truncation over every generated
-    sample (``generated``: the scored batches before any filter); the share of no-signal
-    groups over the batch that is trained on (``batch``)."""
-    raw = torch.cat([g.rewards for g in generated])
-    lengths = torch.cat([g.response_lengths for g in generated]).float()
-    finite = torch.isfinite(raw)
-    out = {
-        "rollout/raw_reward": float(raw[finite].mean()) if finite.any() else math.nan,
-        "rollout/response_len/mean": float(lengths.mean()),
-        "rollout/response_len/max": float(lengths.max()),
-        "rollout/truncated_ratio": float(torch.cat([g.truncated for g in generated]).float().mean()),
-        "rollout/num_samples": float(batch.size),
-    }
-    if batch.size:
-        st = group_stats(batch.rewards, batch.group_index)
-        no_signal = (st["group_count"] < 2) | (st["group_std"] <= ZERO_STD_TOL)
-        kept = torch.isfinite(batch.rewards)
-        out["rollout/reward"] = float(batch.rewards[kept].mean()) if kept.any() else math.nan
-        out["rollout/zero_std_group_frac"] = float(no_signal.float().mean())
-    return out
-
-
-# --------------------------------------------------------------------------- debug replay
-
-
-def save_rollout(directory: Path, step: int, batch: RolloutBatch) -> None:
-    """Write a scored rollout batch as ``step_N.safetensors`` + ``step_N.json``."""
-    from safetensors.torch import save_file
-
-    directory.mkdir(parents=True, exist_ok=True)
-    tensors = {k: getattr(batch, k).contiguous() for k in (
-        "response_ids", "loss_mask", "response_lengths", "rollout_log_probs", "rewards", "group_index",
-        "prompt_index", "weight_version", "truncated", "top_k_ids", "top_k_log_probs", "routed_experts")
-        if getattr(batch, k) is not None}
-    save_file(tensors, str(directory / f"step_{step:06d}.safetensors"))
-    py = {k: getattr(batch, k) for k in ("prompt_ids", "prompts", "responses", "labels", "metadata")}
-    (directory / f"step_{step:06d}.json").write_text(json.dumps(py, default=str))
-
-
-def load_rollout(directory: Path, step: int) -> RolloutBatch:
-    """Read the batch :func:`save_rollout` wrote for ``step``.
-
-    Raises:
-        FileNotFoundError: no stored batch for that step.
-    """
-    from safetensors.torch import load_file
-
-    base = Path(directory) / f"step_{step:06d}"
-    if not base.with_suffix(".safetensors").is_file():
-        raise FileNotFoundError(f"--load-debug-rollout-data: no stored rollout for step {step} in {directory}")
-    t = load_file(str(base.with_suffix(".safetensors")))
-    py = json.loads(base.with_suffix(".json").read_text())
-    opt = {k: t.get(k) for k in ("rollout_log_probs", "top_k_ids", "top_k_log_probs", "routed_experts")}
-    return RolloutBatch(response_ids=t["response_ids"], loss_mask=t["loss_mask"], response_lengths=t["response_lengths"],
-                        rewards=t["rewards"], group_index=t["group_index"], prompt_index=t["prompt_index"],
-                        weight_version=t["weight_version"], truncated=t["truncated"], **opt, **py)
-
-
-# --------------------------------------------------------------------------- the loop
+def old_logp_source(cfg: Any, needs_critic: bool) -> int:
+    """Where ``log π_old`` comes from (see the module docstring)."""
+    if cfg.use_rollout_logprobs:
+        return OLD_LOGP_ROLLOUT
+    if cfg.num_steps_per_rollout == 1 and cfg.kl_coef == 0 and not needs_critic:
+        return OLD_LOGP_CURRENT
+    return OLD_LOGP_RECOMPUTED
 
 
 class Trainer:
@@ -206,181 +88,61 @@ class Trainer:
     Args:
         cfg: the :class:`~relax_core.config.RunConfig`.
         comps: the run's :class:`Components`.
-        train_data / eval_data: validated datasets.
+        source: the rollout source (``next(step)``, ``cursor_state()``, ``exclusive()``,
+            ``close()``), whose ``rollout`` also evaluates.
+        publisher: the :class:`~relax_core.rollout.Publisher`.
+        eval_data: the evaluation dataset or ``None``.
         run_dir: the run directory (metrics, samples, checkpoints).
         policy_loss_kind: the estimator's declared kind (given to corrections).
     """
 
-    def __init__(self, cfg: Any, comps: Components, train_data: Dataset, eval_data: Dataset | None,
+    def __init__(self, cfg: Any, comps: Components, source: Any, publisher: Any, eval_data: Any,
                  run_dir: Path, policy_loss_kind: str, config_dict: dict) -> None:
         self.cfg = cfg
         self.c = comps
-        self.data = train_data
+        self.source = source
+        self.publisher = publisher
         self.eval_data = eval_data
         self.run_dir = Path(run_dir)
         self.ckpt_dir = Path(cfg.save) if cfg.save else self.run_dir / "checkpoints"
         self.config_dict = config_dict
         self.loss_settings = LossSettings.from_config(cfg, policy_loss_kind)
-        self.cursor = DataCursor(len(train_data), cfg.seed)
         self.state = LoopState()
-        self.engine_version = 0  # the step whose weights the engine holds (pushed every --update-weights-interval steps)
-        self.tokenizer = comps.engine.tokenizer
-        self._prompt_cache: dict[int, tuple[str, list[int]]] = {}
+        self.old_logp_source = old_logp_source(cfg, comps.needs_critic)
         self._interrupted = False
-        if cfg.use_rollout_logprobs:
-            self.old_logp_source = OLD_LOGP_ROLLOUT
-        elif cfg.num_steps_per_rollout == 1 and cfg.kl_coef == 0 and not comps.needs_critic:
-            self.old_logp_source = OLD_LOGP_CURRENT
-        else:
-            self.old_logp_source = OLD_LOGP_RECOMPUTED
         self.log: MetricsLogger | None = None
 
-    # ------------------------------------------------------------------ 1. rollout
+    # ------------------------------------------------------------------ 2. advantages
 
-    def _prompts(self, indices: list[int]) -> tuple[list[str], list[list[int]]]:
-        todo = [i for i in indices if i not in self._prompt_cache]
-        if todo:
-            texts, ids = encode_prompts([self.data.rows[i]["prompt"] for i in todo], self.tokenizer, self.cfg)
-            self._prompt_cache.update(zip(todo, zip(texts, ids)))
-        return [self._prompt_cache[i][0] for i in indices], [self._prompt_cache[i][1] for i in indices]
-
-    def sampling(self, seed: int, max_new_tokens: int | None = None) -> SamplingParams:
-        cfg = self.cfg
-        return SamplingParams(temperature=cfg.rollout_temperature, top_p=cfg.rollout_top_p, top_k=cfg.rollout_top_k,
-                              max_new_tokens=max_new_tokens or cfg.rollout_max_response_len,
-                              repetition_penalty=cfg.rollout_repetition_penalty, stop=tuple(cfg.rollout_stop),
-                              seed=seed, return_top_k=self.c.top_k, return_routed_experts=self.c.routed_experts)
-
-    def generate(self, rows: list[dict], indices: list[int], n: int, sampling: SamplingParams,
-                 group_offset: int, version: int) -> RolloutBatch:
-        """Generate ``n`` samples for each prompt (rewards NaN until :meth:`score`)."""
-        texts, ids = self._prompts(indices) if rows is self.data.rows else encode_prompts(
-            [rows[i]["prompt"] for i in indices], self.tokenizer, self.cfg)
-        rep = [j for j in range(len(indices)) for _ in range(n)]
-        out = self.c.engine.generate([ids[j] for j in rep], sampling)
-        lengths = out.response_lengths.long()  # [B]
-        t = out.response_ids.shape[1]
-        loss_mask = torch.arange(t)[None, :] < lengths[:, None]  # [B, T]
-        b = len(rep)
-        batch = RolloutBatch(
-            prompt_ids=[ids[j] for j in rep], response_ids=out.response_ids.long(), loss_mask=loss_mask,
-            response_lengths=lengths, rollout_log_probs=None if out.log_probs is None else out.log_probs.float(),
-            rewards=torch.full((b,), math.nan), group_index=torch.as_tensor([group_offset + j for j in rep]),
-            prompt_index=torch.as_tensor([indices[j] for j in rep]), weight_version=torch.full((b,), version),
-            truncated=out.truncated.bool(), top_k_ids=out.top_k_ids, top_k_log_probs=out.top_k_log_probs,
-            routed_experts=out.routed_experts, prompts=[texts[j] for j in rep], responses=list(out.texts),
-            labels=[rows[indices[j]]["label"] for j in rep], metadata=[rows[indices[j]]["metadata"] for j in rep])
-        return batch
-
-    def score(self, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
-        """Raw rewards from the scorer (NaN = unscored) and its error counts."""
-        rewards, metrics = self.c.score(batch.responses, batch.labels, batch.metadata, batch.prompts)
-        return batch.replace(rewards=torch.tensor([math.nan if r is None else float(r) for r in rewards])), metrics
-
-    # ------------------------------------------------------------------ 2. reward post-processing
-
-    def post_process(self, batch: RolloutBatch) -> tuple[RolloutBatch, dict[str, float]]:
-        """Run the post-processors in order; drop the samples they do not keep."""
-        rb = RewardBatch(rewards=batch.rewards.clone(), group_index=batch.group_index,
-                         response_lengths=batch.response_lengths, truncated=batch.truncated,
-                         responses=batch.responses, keep=torch.ones(batch.size, dtype=torch.bool))
-        rb = apply_processors(self.c.processors, rb)
-        batch = batch.replace(rewards=rb.rewards.float())
-        if not bool(rb.keep.all()):
-            batch = select(batch, torch.nonzero(rb.keep).flatten().tolist())
-        return batch, {f"rollout/{k}" if "/" not in k else k: v for k, v in rb.metrics.items()}
-
-    def rollout(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        """Stages 1-2: sample and score ``rollout_batch_size`` groups (more rounds when a
-        post-processor drops groups and may ask for more)."""
-        cfg = self.cfg
-        rounds = 1 + (cfg.max_oversampling_rounds if self.c.processor_resamples else 0)
-        kept: list[RolloutBatch] = []
-        generated: list[RolloutBatch] = []
-        metrics: dict[str, float] = {"rollout/reward_errors": 0.0, "rollout/reward_timeouts": 0.0}
-        n_groups, gen_tokens, t_gen = 0, 0, 0.0
-        for r in range(rounds):
-            t0 = time.monotonic()
-            if cfg.load_debug_rollout_data:
-                batch = load_rollout(Path(cfg.load_debug_rollout_data), step)
-            else:
-                indices = self.cursor.take(cfg.rollout_batch_size)
-                batch = self.generate(self.data.rows, indices, cfg.n_samples_per_prompt,
-                                      self.sampling(sampling_seed(cfg.seed, step, r)),
-                                      group_offset=(step * rounds + r) * cfg.rollout_batch_size, version=self.engine_version)
-            t_gen += time.monotonic() - t0
-            gen_tokens += int(batch.response_lengths.sum())
-            if not cfg.load_debug_rollout_data:
-                t0 = time.monotonic()
-                batch, score_metrics = self.score(batch)
-                metrics["perf/reward_time"] = metrics.get("perf/reward_time", 0.0) + time.monotonic() - t0
-                for k, v in score_metrics.items():
-                    metrics[k] = metrics.get(k, 0.0) + v
-            if cfg.save_debug_rollout_data and r == 0:
-                save_rollout(Path(cfg.save_debug_rollout_data), step, batch)
-            generated.append(batch)
-            batch, proc_metrics = self.post_process(batch)
-            metrics.update(proc_metrics)
-            kept.append(batch)
-            n_groups += int(torch.unique(batch.group_index).numel()) if batch.size else 0
-            if n_groups >= cfg.rollout_batch_size or cfg.load_debug_rollout_data:
-                break
-        batch = concat([b for b in kept if b.size] or kept[:1], self.tokenizer.pad_token_id or 0)
-        if n_groups > cfg.rollout_batch_size:  # keep the first rollout_batch_size groups
-            first = set(torch.unique(batch.group_index).tolist()[: cfg.rollout_batch_size])
-            batch = select(batch, [i for i, g in enumerate(batch.group_index.tolist()) if g in first])
-        metrics.update(rollout_metrics(batch, generated))
-        metrics.update(staleness_metrics(batch.weight_version, step))
-        metrics["perf/rollout_time"] = t_gen
-        metrics["perf/rollout_tokens_per_s"] = gen_tokens / max(t_gen, 1e-9)
-        return batch, metrics
-
-    # ------------------------------------------------------------------ 3. advantages
-
-    def advantages(self, batch: RolloutBatch) -> tuple[TrainBatch, dict[str, float]]:
+    def advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Old/ref log-probs and values, then the estimator's advantages and returns."""
-        cfg, be = self.cfg, self.c.backend
-        tensors: dict[str, torch.Tensor] = {}
-        for name in ("rollout_log_probs", "top_k_ids", "top_k_log_probs", "routed_experts"):
-            if getattr(batch, name) is not None:
-                tensors[name] = getattr(batch, name)
-        tb = TrainBatch(prompt_ids=batch.prompt_ids, response_ids=batch.response_ids, loss_mask=batch.loss_mask,
-                        tensors=tensors)
+        be = self.c.backend
         old = None
         if self.old_logp_source == OLD_LOGP_ROLLOUT:
             old = batch.rollout_log_probs
         elif self.old_logp_source == OLD_LOGP_RECOMPUTED:
-            old = be.forward(tb, role="actor").log_probs.detach().float()
-        ref = be.forward(tb, role="ref").log_probs.detach().float() if cfg.needs_reference_model else None
-        values = be.forward(tb, role="critic").values.detach().float() if self.c.needs_critic else None
-        out = self.c.estimator.compute_advantages(AdvantageInput(
-            rewards=batch.rewards, group_index=batch.group_index, loss_mask=batch.loss_mask, old_log_probs=old,
-            ref_log_probs=ref, values=values, response_lengths=batch.response_lengths))
+            old = be.forward(batch, role="actor").log_probs.detach().float()
+        ref = be.forward(batch, role="ref").log_probs.detach().float() if self.cfg.needs_reference_model else None
+        values = be.forward(batch, role="critic").values.detach().float() if self.c.needs_critic else None
+        batch = batch.replace(old_log_probs=old, ref_log_probs=ref, values=values)
+        out = self.c.estimator.compute_advantages(AdvantageInput(**batch.items()))
         adv = out.advantages.float()  # [B, T]
         metrics = dict(out.metrics)
-        if cfg.normalize_advantages and not out.normalized:  # REINFORCE++ normalises its own
+        if self.cfg.normalize_advantages and not out.normalized:  # REINFORCE++ normalises its own
             adv, stats = masked_normalize(adv, batch.loss_mask)
             metrics["rollout/advantage_raw_mean"] = stats["mean"]
         mask = batch.loss_mask
         metrics["rollout/advantage_abs_mean"] = float(adv.abs()[mask].mean()) if mask.any() else 0.0
-        extra = {"advantages": adv, "returns": out.returns.float()}
-        if old is not None:
-            extra["old_log_probs"] = old
-        if ref is not None:
-            extra["ref_log_probs"] = ref
-        if values is not None:
-            extra["values"] = values
-        return TrainBatch(prompt_ids=tb.prompt_ids, response_ids=tb.response_ids, loss_mask=tb.loss_mask,
-                          tensors={**tensors, **extra}), metrics
+        return batch.replace(advantages=adv, returns=out.returns.float()), metrics
 
-    # ------------------------------------------------------------------ 4. loss and optimizer steps
+    # ------------------------------------------------------------------ 3. optimizer steps
 
-    def optimize(self, tb: TrainBatch, step: int) -> dict[str, float]:
+    def optimize(self, batch: Batch, step: int) -> dict[str, float]:
         """``--num-steps-per-rollout`` optimizer steps over slices of the batch (critic first
         for estimators with a critic).  Returns the step's ``train/*`` metrics."""
-        cfg, be = self.cfg, self.c.backend
-        b = tb.size
-        n_steps = min(cfg.num_steps_per_rollout, b)
+        be = self.c.backend
+        b = batch.size
+        n_steps = min(self.cfg.num_steps_per_rollout, b)
         bounds = [round(i * b / n_steps) for i in range(n_steps + 1)]
         sums: dict[str, float] = {}
         skipped = 0
@@ -390,7 +152,7 @@ class Trainer:
                 sums[k] = sums.get(k, 0.0) + v / n_steps
 
         for lo, hi in zip(bounds[:-1], bounds[1:]):
-            part = _slice(tb, lo, hi)
+            part = batch.slice(lo, hi)
             tokens, samples = global_denominators(part.loss_mask)
             if self.c.needs_critic:
                 closs = CriticLoss(self.c.estimator, self.loss_settings, num_tokens=tokens, num_samples=samples)
@@ -416,75 +178,59 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
 
-    def step(self, step: int) -> dict[str, float]:
-        t_step = time.monotonic()
-        batch, metrics = self.rollout(step)  # 1 + 2
-        samples = self._samples(batch)
-        t_train = time.monotonic()
+    def train_on(self, batch: Batch, step: int) -> dict[str, float]:
+        """Stages 2 and 3 on a scored batch: advantages, then the optimizer steps."""
         if batch.size == 0:
-            metrics["train/skipped_steps"] = 0.0
-            metrics["train/empty_batch"] = 1.0
-        else:
-            tb, adv_metrics = self.advantages(batch)  # 3
-            metrics.update(adv_metrics)
-            metrics.update(self.optimize(tb, step))  # 4
-        metrics["perf/train_time"] = time.monotonic() - t_train
-        if step % self.cfg.update_weights_interval == 0 and not self.cfg.load_debug_rollout_data:
-            t0 = time.monotonic()
-            self.c.engine.update_weights(self.c.backend.engine_state_dict(), step)
-            self.engine_version = step
-            metrics["perf/update_weights_time"] = time.monotonic() - t0
-        metrics["perf/step_time"] = time.monotonic() - t_step
-        self.log.log_samples(step, samples)
+            return {"train/skipped_steps": 0.0, "train/empty_batch": 1.0}
+        batch, metrics = self.advantages(batch)
+        metrics.update(self.optimize(batch, step))
         return metrics
 
-    def _samples(self, batch: RolloutBatch) -> list[dict]:
-        k = min(self.cfg.log_samples_per_step, batch.size)
-        if k == 0:
-            return []
-        stride = max(1, batch.size // k)
-        return [{"prompt": batch.prompts[i], "response": batch.responses[i], "reward": float(batch.rewards[i]),
-                 "label": batch.labels[i], "response_len": int(batch.response_lengths[i]),
-                 "truncated": bool(batch.truncated[i])} for i in range(0, batch.size, stride)[:k]]
-
-    # ------------------------------------------------------------------ evaluation
+    def step(self, step: int) -> dict[str, float]:
+        t_step = time.monotonic()
+        batch, metrics = self.source.next(step)  # 1
+        t_train = time.monotonic()
+        metrics.update(self.train_on(batch, step))  # 2 + 3
+        metrics["perf/train_time"] = time.monotonic() - t_train
+        if not self.cfg.load_debug_rollout_data:
+            metrics.update(self.publisher.after_step(step))  # 4
+        metrics["perf/step_time"] = time.monotonic() - t_step
+        self.log.log_samples(step, sample_records(batch, self.cfg.log_samples_per_step))
+        with (self.run_dir / TRAINED_LOG).open("a") as fh:
+            fh.write(json.dumps({"step": step, "prompt_index": batch.prompt_index.tolist(),
+                                 "group_index": batch.group_index.tolist(),
+                                 "weight_version": batch.weight_version.tolist()}) + "\n")
+        return metrics
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """``eval/<name>/reward_mean`` and ``eval/<name>/pass@1`` on the first
-        ``--eval-max-prompts`` evaluation prompts, ``--n-samples-per-eval-prompt`` each,
-        with a fixed seed (comparable across steps)."""
-        ds = self.eval_data
-        idx = list(range(min(len(ds), self.cfg.eval_max_prompts)))
-        n = self.cfg.n_samples_per_eval_prompt
-        t0 = time.monotonic()
-        batch = self.generate(ds.rows, idx, n, self.sampling(sampling_seed(self.cfg.seed, 0, 999)), 0, step)
-        r = self.score(batch)[0].rewards
-        name = f"eval/{ds.name}"
-        return {f"{name}/reward_mean": float(torch.nan_to_num(r, nan=0.0).mean()),
-                f"{name}/pass@1": float((r >= CORRECT_REWARD).float().mean()),
-                f"{name}/response_len/mean": float(batch.response_lengths.float().mean()),
-                "perf/eval_time": time.monotonic() - t0}
+        with self.source.exclusive():
+            return self.source.rollout.evaluate(self.eval_data, step)
 
     # ------------------------------------------------------------------ checkpoints
 
     def save(self) -> Path:
         s = self.state
+        held, weights = self.publisher.state(s.step)
         return ckpt.save_checkpoint(self.ckpt_dir, s.step, self.c.backend, {
-            "step": s.step, "cursor": self.cursor.state(), "consecutive_skipped": s.consecutive_skipped,
-            "skipped_steps": s.skipped_steps, "history": s.history})
+            "step": s.step, "cursor": self.source.cursor_state(), "consecutive_skipped": s.consecutive_skipped,
+            "skipped_steps": s.skipped_steps, "history": s.history, "engine": held}, engine_weights=weights)
 
     def restore(self) -> bool:
-        """Load the newest checkpoint (``--resume``); push its weights to the engine."""
+        """Load the newest checkpoint (``--resume``): weights, RNG, the data cursor, and the
+        weights the engine held; drop the metrics and trained-prompt records after it."""
         path = ckpt.latest_checkpoint(self.ckpt_dir)
         if path is None:
             return False
         ts = ckpt.load_checkpoint(path, self.c.backend)
-        self.cursor.load(ts["cursor"])
+        self.source.rollout.cursor.load(ts["cursor"])
         self.state = LoopState(step=ts["step"], consecutive_skipped=ts["consecutive_skipped"],
                                skipped_steps=ts["skipped_steps"], history=ts["history"])
         rewrite_metrics(self.run_dir, self.state.history)
-        self.c.engine.update_weights(self.c.backend.engine_state_dict(), self.state.step)
-        self.engine_version = self.state.step
+        self.publisher.restore(ts.get("engine", {}), ckpt.load_engine_weights(path), self.state.step)
+        trained = self.run_dir / TRAINED_LOG
+        if trained.is_file():  # steps after the checkpoint are trained again
+            keep = [x for x in trained.read_text().splitlines() if json.loads(x)["step"] <= self.state.step]
+            trained.write_text("".join(x + "\n" for x in keep))
         return True
 
     # ------------------------------------------------------------------ run
@@ -508,7 +254,6 @@ class Trainer:
             previous = signal.signal(signal.SIGINT, self._on_sigint)
         except ValueError:
             previous = None
-        code = EXIT_OK
         try:
             if self.eval_data is not None and cfg.eval_interval and self.state.step == 0:
                 self._record(0, self.evaluate(0))
@@ -540,13 +285,14 @@ class Trainer:
             if cfg.save_hf:
                 final = self.run_dir / "final"
                 self.c.backend.save_hf(str(final))
-                self.tokenizer.save_pretrained(str(final))
+                self.source.rollout.tokenizer.save_pretrained(str(final))
                 self.log.message(f"final model (Hugging Face format): {final}")
         finally:
+            self.source.close()
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
             self.log.close()
-        return code
+        return EXIT_OK
 
     def _record(self, step: int, metrics: dict[str, float]) -> None:
         self.state.history.append({"step": step, **{k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
@@ -554,11 +300,16 @@ class Trainer:
         self.log.log(step, metrics)
 
 
-def _slice(tb: TrainBatch, lo: int, hi: int) -> TrainBatch:
-    if lo == 0 and hi == tb.size:
-        return tb
-    return TrainBatch(prompt_ids=tb.prompt_ids[lo:hi], response_ids=tb.response_ids[lo:hi],
-                      loss_mask=tb.loss_mask[lo:hi], tensors={k: v[lo:hi] for k, v in tb.tensors.items()})
+def build_trainer(cfg: Any, comps: Components, train_data: Any, eval_data: Any, run_dir: Path,
+                  policy_loss_kind: str, config_dict: dict) -> Trainer:
+    """The loop for the run's mode: a pushing publisher and a :class:`SyncSource`, or with
+    ``--fully-async`` a posting publisher and an :class:`AsyncSource` (the engine and the
+    backend in ``comps`` are local objects or Ray proxies)."""
+    publisher = Publisher(comps.engine, comps.backend.engine_state_dict, cfg.update_weights_interval,
+                          post=cfg.fully_async)
+    rollout = Rollout(cfg, comps, train_data, publisher)
+    source = AsyncSource(rollout, cfg.max_staleness) if cfg.fully_async else SyncSource(rollout)
+    return Trainer(cfg, comps, source, publisher, eval_data, run_dir, policy_loss_kind, config_dict)
 
 
 def _non_finite(metrics: dict[str, float]) -> str:

@@ -2,7 +2,8 @@
 
 Layout of a run (one driver process, the ``relax train`` process)::
 
-    driver ── Trainer loop (sync) or AsyncTrainer (--fully-async: a rollout thread runs ahead)
+    driver ── the Trainer loop, with a SyncSource or (--fully-async) an AsyncSource whose
+      │        rollout thread runs ahead (relax_core.rollout)
       │        reward scoring: the driver's relax_core.rewarding pool (--reward-num-workers)
       ├── RayEngine  (RolloutEngine proxy) ── EngineWorker actor × --rollout-num-engines
       └── RayBackend (TrainBackend proxy)  ── TrainWorker actor × (--actor-num-nodes ×
@@ -14,8 +15,7 @@ Layout of a run (one driver process, the ``relax train`` process)::
 Workers receive names and a JSON-able config dict and build their components themselves
 from the installed entry points (:func:`relax_core.plugins.default_registry`); only tensors
 and plain data cross process boundaries.  The proxies satisfy the same protocols as a local
-engine and backend, so the unchanged :class:`relax_core.trainer.Trainer` drives a synchronous
-run.  Modules: :mod:`.workers` (actor classes), :mod:`.proxies` (protocol proxies, fault
-handling), :mod:`.driver` (staleness accounting, the fully-async loop), :mod:`.runtime`
-(cluster start/join, placement groups, actor creation).
+engine and backend, so the unchanged :class:`relax_core.trainer.Trainer` drives every
+mode.  Modules: :mod:`.workers` (actor classes), :mod:`.proxies` (protocol proxies, fault
+handling), :mod:`.runtime` (cluster start/join, placement groups, actor creation).
 """

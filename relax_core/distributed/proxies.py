@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from relax_core.distributed.workers import batch_to_dict, loss_recipe, sampling_to_dict
+from relax_core.batch import concat_values
+from relax_core.distributed.workers import loss_recipe, sampling_to_dict
 
 #: attempts per generation chunk (1 + re-issues after an engine actor failure)
 MAX_GENERATE_ATTEMPTS = 4
@@ -48,22 +49,6 @@ def chunk_seed(seed: int | None, chunk: int) -> int | None:
     """Generation seed of engine chunk ``chunk`` (chunk 0 keeps the step's seed, so one
     engine samples exactly what the local launcher samples)."""
     return None if seed is None else (int(seed) + 7919 * chunk) % (2**31 - 1)
-
-
-def _pad_cat(xs: list[Any], value: float) -> Any:
-    """Concatenate ``[b_i, T_i, ...]`` tensors along dim 0, right-padding dim 1 with ``value``."""
-    import torch
-
-    if xs[0] is None:
-        return None
-    t = max(x.shape[1] for x in xs)
-    out = []
-    for x in xs:
-        if x.shape[1] < t:
-            pad = torch.full((x.shape[0], t - x.shape[1], *x.shape[2:]), value, dtype=x.dtype)
-            x = torch.cat([x, pad], dim=1)
-        out.append(x)
-    return torch.cat(out)
 
 
 class RayEngine:
@@ -126,14 +111,7 @@ class RayEngine:
             pending[self.actors[i].generate.remote(*args[i])] = i
         if self.colocate:
             ray.get([a.offload.remote() for a in self.actors])
-        outs = [r for r in results if r is not None]
-        pads = {"response_ids": self.pad_token_id, "log_probs": 0.0, "top_k_ids": 0, "top_k_log_probs": 0.0,
-                "routed_experts": -1}
-        merged = {k: _pad_cat([o[k] for o in outs], v) for k, v in pads.items()}
-        return GenerationOutput(
-            response_lengths=torch.cat([o["response_lengths"] for o in outs]),
-            truncated=torch.cat([o["truncated"] for o in outs]),
-            texts=[t for o in outs for t in o["texts"]], **merged)
+        return GenerationOutput(**concat_values([r for r in results if r is not None], self.pad_token_id))
 
     def _await_restart(self, i: int) -> None:
         """Block until engine ``i`` answers again (Ray restarts a dead actor; calls made
@@ -270,9 +248,7 @@ class RayBackend:
 
     def _shards(self, batch: Any) -> list[dict]:
         """One shard per rank (the ranks of a replica share theirs)."""
-        from relax_core.trainer import _slice
-
-        pieces = [batch_to_dict(_slice(batch, lo, hi)) for lo, hi in split_even(batch.size, self.dp_size)]
+        pieces = [batch.slice(lo, hi).to_dict() for lo, hi in split_even(batch.size, self.dp_size)]
         return [pieces[d] for d in self.dp_ranks]
 
     def _reporting(self, outs: list[Any]) -> list[Any]:

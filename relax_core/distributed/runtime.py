@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relax_core.distributed.driver import AsyncTrainer, RayTrainer
-from relax_core.distributed.proxies import RayBackend, RayEngine, wait_alive
+from relax_core.distributed.proxies import RayBackend, RayEngine, TrainingWorkerDied, wait_alive
 
 #: actor restarts of an engine (Ray ``max_restarts``)
 ENGINE_MAX_RESTARTS = 3
@@ -43,19 +42,22 @@ class RayRuntime:
 
     Attributes:
         engine / backend: the protocol proxies the trainer calls.
-        trainer_class: :class:`RayTrainer` or :class:`AsyncTrainer` (``--fully-async``).
         startup_s: seconds from ``ray.init`` to every actor built (Ray's start-up overhead
             plus model loads), also in ``run_info.json``.
     """
 
     engine: RayEngine
     backend: RayBackend
-    trainer_class: type
     startup_s: float
     engines: list[Any] = field(default_factory=list)
     workers: list[Any] = field(default_factory=list)
     groups: list[Any] = field(default_factory=list)
     started_ray: bool = False
+
+    @staticmethod
+    def worker_died(e: BaseException) -> bool:
+        """Whether ``e`` says a training rank died (the run cannot continue)."""
+        return isinstance(e, TrainingWorkerDied)
 
     def shutdown(self) -> None:
         """Stop the actors, free the placement groups, stop Ray if Relax started it."""
@@ -182,7 +184,5 @@ def start_ray(cfg: Any, config_dict: dict, *, setup: dict, corrections: list[str
             ray.shutdown()
         raise
     engine = RayEngine(engines, tokenizer, colocate=cfg.colocate)
-    return RayRuntime(engine=engine, backend=backend,
-                      trainer_class=AsyncTrainer if cfg.fully_async else RayTrainer,
-                      startup_s=time.monotonic() - t0, engines=engines, workers=workers, groups=groups,
+    return RayRuntime(engine=engine, backend=backend, startup_s=time.monotonic() - t0, engines=engines, workers=workers, groups=groups,
                       started_ray=started)

@@ -16,6 +16,8 @@ import socket
 from dataclasses import fields
 from typing import Any
 
+from relax_core.batch import Batch
+
 #: seconds a collective of the training group waits for a missing rank before failing
 GROUP_TIMEOUT_S = 600
 
@@ -80,13 +82,13 @@ class EngineWorker:
         return os.getpid()
 
     def generate(self, prompt_ids: list[list[int]], sampling: dict) -> tuple[dict, int]:
-        """``engine.generate`` → (the :class:`~relax_core.contracts.GenerationOutput` fields
-        as a dict, the weight version that generated them)."""
+        """``engine.generate`` → (the :class:`~relax_core.contracts.GenerationOutput`'s
+        fields as a dict, the weight version that generated them)."""
         from relax_core.contracts import SamplingParams
 
         self.onload()
         out = self.engine.generate(prompt_ids, SamplingParams(**sampling))
-        return {f.name: getattr(out, f.name) for f in fields(out)}, self.version
+        return out.items(), self.version
 
     def update_weights(self, state_dict: dict, version: int) -> int:
         self.onload()
@@ -115,19 +117,6 @@ class EngineWorker:
 
 
 # --------------------------------------------------------------------------- training rank
-
-
-def batch_to_dict(batch: Any) -> dict:
-    """A :class:`~relax_core.contracts.TrainBatch` as plain data."""
-    return {"prompt_ids": batch.prompt_ids, "response_ids": batch.response_ids, "loss_mask": batch.loss_mask,
-            "tensors": dict(batch.tensors)}
-
-
-def batch_from_dict(d: dict) -> Any:
-    from relax_core.contracts import TrainBatch
-
-    return TrainBatch(prompt_ids=d["prompt_ids"], response_ids=d["response_ids"], loss_mask=d["loss_mask"],
-                      tensors=d["tensors"])
 
 
 def loss_recipe(loss_fn: Any) -> dict:
@@ -239,14 +228,14 @@ class TrainWorker:
                          process_group=self.group)
 
     def forward(self, batch: dict, role: str, entropy: bool, top_k: bool) -> dict:
-        out = self.backend.forward(batch_from_dict(batch), role=role, entropy=entropy, top_k=top_k)
+        out = self.backend.forward(Batch.from_dict(batch), role=role, entropy=entropy, top_k=top_k)
         return {f.name: getattr(out, f.name) for f in fields(out)}
 
     def train_step(self, batch: dict, recipe: dict, role: str) -> tuple[dict, dict]:
         """One optimizer step on this rank's shard → (the backend's result, the loss's
         global-batch metric *contributions* of this shard)."""
         loss_fn = self._loss(recipe)
-        result = self.backend.train_step(batch_from_dict(batch), loss_fn, role=role)
+        result = self.backend.train_step(Batch.from_dict(batch), loss_fn, role=role)
         return result, loss_fn.metrics()
 
     def gradients(self, batch: dict, recipe: dict, role: str = "actor") -> tuple[dict, dict, dict]:
@@ -254,7 +243,7 @@ class TrainWorker:
         → (summed loss and metrics of this shard, the all-reduced gradients by parameter
         name, the loss's metric contributions).  Gradients are cleared afterwards."""
         loss_fn = self._loss(recipe)
-        acc = self.backend.accumulate_gradients(batch_from_dict(batch), loss_fn, role=role)
+        acc = self.backend.accumulate_gradients(Batch.from_dict(batch), loss_fn, role=role)
         model = self.backend.models[role]
         grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
         model.zero_grad(set_to_none=True)

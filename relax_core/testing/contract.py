@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from relax_core.capabilities import CAPABILITIES, Context, Selected
 from relax_core.config import RunConfig, check_bounds, flag_collisions, param_flag
-from relax_core.specs import SUPPORTED_API_VERSIONS, ComponentSpec, EstimatorCapabilities, _resolve
+from relax_core.specs import ComponentSpec, EstimatorCapabilities, _resolve, api_version_problem
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _FLAG_RE = re.compile(r"^--[a-z][a-z0-9]*(-[a-z0-9]+)*$")
@@ -119,7 +119,8 @@ def _check_spec(spec: ComponentSpec, params: Any, checks: Checks) -> Any:
     with checks.check("source"):
         require(isinstance(spec.source, str) and spec.source.strip(), "empty source (give the paper and section/equation)")
     with checks.check("api_version"):
-        require(spec.api_version in SUPPORTED_API_VERSIONS, f"{spec.api_version} not in supported {sorted(SUPPORTED_API_VERSIONS)}")
+        why = api_version_problem(spec.kind, spec.api_version)
+        require(why is None, f"api_version {spec.api_version}: {why}")
     with checks.check("factory resolves"):
         fn = _resolve(spec.factory)
         require(callable(fn), f"{spec.factory} is not callable")

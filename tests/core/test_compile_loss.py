@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from relax_core.config import RunConfig
-from relax_core.contracts import AdvantageInput, ForwardOutput, TrainBatch
+from relax_core.batch import Batch
+from relax_core.contracts import AdvantageInput, ForwardOutput
 from relax_core.loss import ActorLoss, LossSettings, global_denominators
 from relax_core.plugins import default_registry
 
@@ -76,7 +77,7 @@ class Stage:
             ref_log_probs=b["ref"], values=b["values"], response_lengths=b["lengths"]))
         tensors = {"advantages": out.advantages, "old_log_probs": b["old"], "rollout_log_probs": b["rollout"],
                    "ref_log_probs": b["ref"]}
-        tb = TrainBatch(prompt_ids=[], response_ids=mask.long(), loss_mask=mask, tensors=tensors)
+        tb = Batch(response_ids=mask.long(), loss_mask=mask, **tensors)
         tokens, samples = global_denominators(mask)
         fn = ActorLoss(self.est, self.corrections, self.settings, num_tokens=tokens, num_samples=samples,
                        old_from_current=False)

@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from relax_core.contracts import CorrectionOutput, ForwardOutput, PolicyLossOutput, TrainBatch
+from relax_core.batch import Batch
+from relax_core.contracts import CorrectionOutput, ForwardOutput, PolicyLossOutput
 from relax_core.loss import ActorLoss, LossSettings
 
 NAN = math.nan
@@ -39,7 +40,7 @@ def _batch():
     t = {"advantages": torch.tensor([[1.0, 1.0, 0.0], [-1.0, -1.0, 0.0]]),
          "ref_log_probs": torch.tensor([[-1.5, -2.0, NAN], [-0.5, 7.0, NAN]]),
          "old_log_probs": torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])}
-    tb = TrainBatch(prompt_ids=[[1], [2]], response_ids=torch.zeros(2, 3, dtype=torch.long), loss_mask=mask, tensors=t)
+    tb = Batch(prompt_ids=[[1], [2]], response_ids=torch.zeros(2, 3, dtype=torch.long), loss_mask=mask, **t)
     ent = torch.tensor([[2.0, 1.0, NAN], [3.0, 1e9, NAN]])
     return tb, lp, ent
 
@@ -101,8 +102,7 @@ def test_micro_batches_sum_to_the_global_batch(reduction):
     total, grads = 0.0, []
     for i in range(2):
         lpi = lp.detach()[i:i + 1].clone().requires_grad_(True)
-        mb = TrainBatch(prompt_ids=tb.prompt_ids[i:i + 1], response_ids=tb.response_ids[i:i + 1],
-                        loss_mask=tb.loss_mask[i:i + 1], tensors={k: v[i:i + 1] for k, v in tb.tensors.items()})
+        mb = tb.slice(i, i + 1)
         li, _ = parts(mb, ForwardOutput(log_probs=lpi, entropy=ent[i:i + 1]))
         total += float(li)
         grads.append(torch.autograd.grad(li, lpi)[0])

@@ -85,12 +85,22 @@ def test_hook_with_wrong_signature_is_caught(registry_with):
 
 
 def test_unsupported_api_version_is_refused(registry_with):
-    reg = registry_with(("future", make_plugin(estimator(api_version=2)), "relax-future", "9.0"))
+    reg = registry_with(("future", make_plugin(estimator(api_version=3)), "relax-future", "9.0"))
     assert reg.plugins[1].status == "error"
     assert reg.plugins[1].error == (
-        "ValueError: estimator 'toy' declares api_version 2; this relax-core supports [1]: upgrade "
+        "ValueError: estimator 'toy' declares api_version 3; this relax-core supports [1, 2]: upgrade "
         "relax-core or install a version of relax-future written for it")
     assert reg.names("estimator") == []
+
+
+def test_api_version_1_loads_where_the_contract_kept_its_names_only():
+    from relax_core.specs import api_version_problem
+
+    for kind in ("estimator", "correction", "reward", "reward_processor", "data_source"):
+        assert api_version_problem(kind, 1) is None
+    for kind in ("engine", "backend"):
+        assert "no longer load" in api_version_problem(kind, 1)
+    assert api_version_problem("engine", 2) is None
 
 
 @pytest.mark.parametrize("spec,error", [

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from relax_core.contracts import ForwardOutput, GenerationOutput, SamplingParams, TrainBatch
+from relax_core.batch import Batch, length_mask
+from relax_core.contracts import ForwardOutput, GenerationOutput, SamplingParams
 
 V = 16
 EOS = 0
@@ -78,7 +79,8 @@ class FakeEngine:
             done |= tok == EOS
             prev = tok
         texts = [" ".join(str(int(x)) for x in row[:n]) for row, n in zip(ids, lengths)]
-        return GenerationOutput(response_ids=ids, response_lengths=lengths, log_probs=lp, truncated=~done, texts=texts)
+        return GenerationOutput(response_ids=ids, response_lengths=lengths, loss_mask=length_mask(lengths, t),
+                                rollout_log_probs=lp, truncated=~done, responses=texts)
 
     def update_weights(self, state_dict: Any, version: int) -> None:
         self.model.load_state_dict(state_dict)
@@ -103,25 +105,23 @@ class FakeBackend:
     def setup(self, **kw: Any) -> None:
         self.setup_args = kw
 
-    def _forward(self, model: Bigram, batch: TrainBatch) -> ForwardOutput:
+    def _forward(self, model: Bigram, batch: Batch) -> ForwardOutput:
         prev = _prev_tokens(batch.prompt_ids, batch.response_ids)
         logp = torch.log_softmax(model.logits(prev), -1)  # [B, T, V]
         lp = logp.gather(-1, batch.response_ids[..., None]).squeeze(-1)
         ent = -(logp.exp() * logp).sum(-1)
         return ForwardOutput(log_probs=lp, entropy=ent, values=model.value_head[prev])
 
-    def forward(self, batch: TrainBatch, *, role: str = "actor", entropy: bool = False, top_k: bool = False) -> ForwardOutput:
+    def forward(self, batch: Batch, *, role: str = "actor", entropy: bool = False, top_k: bool = False) -> ForwardOutput:
         with torch.no_grad():
             return self._forward(self.ref if role == "ref" else self.model, batch)
 
-    def train_step(self, batch: TrainBatch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]:
+    def train_step(self, batch: Batch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]:
         self.calls += 1
         self.opt.zero_grad()
         total = 0.0
         for lo in range(0, batch.size, self.mbs):
-            mb = TrainBatch(prompt_ids=batch.prompt_ids[lo:lo + self.mbs], response_ids=batch.response_ids[lo:lo + self.mbs],
-                            loss_mask=batch.loss_mask[lo:lo + self.mbs],
-                            tensors={k: v[lo:lo + self.mbs] for k, v in batch.tensors.items()})
+            mb = batch.slice(lo, min(batch.size, lo + self.mbs))
             loss, _ = loss_fn(mb, self._forward(self.model, mb))
             if self.calls in self.nan_steps:
                 loss = loss * math.nan

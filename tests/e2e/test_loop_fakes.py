@@ -18,7 +18,7 @@ from fakes import count_sevens, make_fakes  # noqa: E402
 from relax_core.config import RunConfig  # noqa: E402
 from relax_core.data import load_dataset  # noqa: E402
 from relax_core.metrics import read_metrics  # noqa: E402
-from relax_core.trainer import EXIT_OK, EXIT_SKIPPED, OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, Components, Trainer  # noqa: E402
+from relax_core.trainer import EXIT_OK, EXIT_SKIPPED, OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, Components, Trainer, build_trainer  # noqa: E402
 
 grpo = pytest.importorskip("relax_grpo.grpo")
 GRPOParams = pytest.importorskip("relax_grpo.plugin").GRPOParams
@@ -42,7 +42,7 @@ def make_trainer(tmp: Path, fakes=None, **over) -> tuple[Trainer, object]:
                        score=count_sevens)
     run_dir = tmp / "runs" / "r"
     run_dir.mkdir(parents=True, exist_ok=True)
-    return Trainer(cfg, comps, load_dataset(cfg.data, cfg), None, run_dir, "ppo_clip", {}), fakes
+    return build_trainer(cfg, comps, load_dataset(cfg.data, cfg), None, run_dir, "ppo_clip", {}), fakes
 
 
 def test_one_run_writes_metrics_samples_checkpoint_and_final_model(tmp_path):
@@ -68,13 +68,13 @@ def test_one_run_writes_metrics_samples_checkpoint_and_final_model(tmp_path):
 def test_each_step_takes_fresh_prompts_until_the_epoch_ends(tmp_path, monkeypatch):
     seen = []
     tr, _ = make_trainer(tmp_path, num_rollout=3)
-    real = tr.generate
+    real = tr.source.rollout.generate
 
-    def spy(rows, indices, n, sampling, group_offset, version):
+    def spy(rows, indices, n, sampling, group_offset):
         seen.append(list(indices))
-        return real(rows, indices, n, sampling, group_offset, version)
+        return real(rows, indices, n, sampling, group_offset)
 
-    monkeypatch.setattr(tr, "generate", spy)
+    monkeypatch.setattr(tr.source.rollout, "generate", spy)
     tr.run()
     flat = [i for s in seen for i in s]
     assert sorted(flat) == list(range(6))  # 3 steps × 2 prompts = one epoch of 6, no repeats
@@ -117,6 +117,30 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     wa, wc = _final_weights(fa), _final_weights(fc)
     for k in wa:
         torch.testing.assert_close(wa[k], wc[k])
+
+
+@pytest.mark.parametrize("interval", [2, 3])
+def test_resume_between_two_weight_pushes_equals_the_uninterrupted_run(tmp_path, interval):
+    """Stopped after every step k (also between two pushes, when the engine holds older
+    weights than the trainer) and resumed: every later step equals the uninterrupted run,
+    staleness and weight versions included (the checkpoint keeps the engine's weights)."""
+    over = dict(update_weights_interval=interval, num_steps_per_rollout=1, lr=0.5)
+    a, _ = make_trainer(tmp_path / "a", num_rollout=5, **over)
+    assert a.run() == EXIT_OK
+    ma = read_metrics(tmp_path / "a" / "runs" / "r")
+    for stop in range(1, 5):
+        d = tmp_path / f"stop{stop}"
+        b, _ = make_trainer(d, num_rollout=stop, **over)
+        assert b.run() == EXIT_OK
+        lagging = stop % interval != 0 and stop > interval  # (before the first push it holds the initial weights)
+        assert (d / "runs" / "r" / "checkpoints" / f"step_{stop:06d}" / "engine.safetensors").is_file() == lagging
+        c, _ = make_trainer(d, num_rollout=5, resume=True, **over)
+        assert c.run() == EXIT_OK
+        mc = read_metrics(d / "runs" / "r")
+        assert [m["step"] for m in mc] == [1, 2, 3, 4, 5]
+        for x, y in zip(ma, mc):
+            for k in ("rollout/raw_reward", "train/loss", "train/grad_norm", "staleness/max", "staleness/mean"):
+                assert x[k] == pytest.approx(y[k], rel=1e-6, abs=1e-9), (stop, x["step"], k)
 
 
 def test_non_finite_steps_are_skipped_then_the_run_stops_with_a_checkpoint(tmp_path):
@@ -257,13 +281,14 @@ def test_weight_version_and_staleness_follow_the_update_weights_interval(tmp_pat
     version 2: staleness (k - 1) - version is 0, 1, 0, 1."""
     versions = []
     tr, f = make_trainer(tmp_path, num_rollout=4, update_weights_interval=2)
-    real = tr.generate
+    real = tr.source.rollout.generate
 
-    def spy(rows, indices, n, sampling, group_offset, version):
-        versions.append(version)
-        return real(rows, indices, n, sampling, group_offset, version)
+    def spy(rows, indices, n, sampling, group_offset):
+        out = real(rows, indices, n, sampling, group_offset)
+        versions.append(int(out.weight_version[0]))
+        return out
 
-    monkeypatch.setattr(tr, "generate", spy)
+    monkeypatch.setattr(tr.source.rollout, "generate", spy)
     assert tr.run() == EXIT_OK
     assert versions == [0, 0, 2, 2]
     assert f.engine.versions == [2, 4]

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from relax_core.config import build_config, config_to_dict, load_yaml
-from relax_core.contracts import AdvantageInput, TrainBatch
+from relax_core.batch import Batch
+from relax_core.contracts import AdvantageInput
 from relax_core.distributed.proxies import RayBackend, split_even
 from relax_core.distributed.runtime import start_train_group
-from relax_core.distributed.workers import batch_to_dict, build_component, loss_recipe
+from relax_core.distributed.workers import build_component, loss_recipe
 from relax_core.loss import ActorLoss, CriticLoss, LossSettings, global_denominators
 from relax_core.plugins import default_registry
-from relax_core.trainer import _slice
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 ESTIMATORS = ("grpo", "rloo", "ppo", "reinforce_plus_plus")
@@ -34,7 +34,7 @@ def make_config(name: str, model_dir):
     return build_config(cli=cli, yaml_values=yaml_values, param_schemas=reg.param_schemas())
 
 
-def make_batch(seed: int = 5, b: int = 8, t: int = 6) -> tuple[TrainBatch, torch.Tensor, torch.Tensor]:
+def make_batch(seed: int = 5, b: int = 8, t: int = 6) -> tuple[Batch, torch.Tensor, torch.Tensor]:
     """Variable lengths (one empty response), garbage token ids off the mask; 4 groups of 2."""
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(3, 1000, (int(n),), generator=g).tolist() for n in torch.randint(2, 7, (b,), generator=g)]
@@ -44,7 +44,7 @@ def make_batch(seed: int = 5, b: int = 8, t: int = 6) -> tuple[TrainBatch, torch
     resp = torch.where(mask, torch.randint(3, 1000, (b, t), generator=g), 10**9)
     rewards = torch.rand(b, generator=g, dtype=torch.float64).float()
     group_index = torch.arange(b) // 2
-    return TrainBatch(prompt_ids=prompts, response_ids=resp, loss_mask=mask), rewards, group_index
+    return Batch(prompt_ids=prompts, response_ids=resp, loss_mask=mask), rewards, group_index
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_two_ranks_equal_one_process(name, tiny_model_dir, ray_local, ranks, bat
         tensors["ref_log_probs"] = ref
     if values is not None:
         tensors["values"] = values
-    tb = TrainBatch(prompt_ids=tb.prompt_ids, response_ids=tb.response_ids, loss_mask=mask, tensors=tensors)
+    tb = tb.replace(**tensors)
     tokens, samples = global_denominators(mask)
     settings = LossSettings.from_config(cfg, caps.policy_loss_kind)
     roles = ["actor"] + (["critic"] if setup["needs_critic"] else [])
@@ -112,7 +112,7 @@ def test_two_ranks_equal_one_process(name, tiny_model_dir, ray_local, ranks, bat
     # ---- two ranks
     workers = ranks
     ray.get([w.configure.remote(config_to_dict(cfg), setup, []) for w in workers])
-    shards = [batch_to_dict(_slice(tb, lo, hi)) for lo, hi in split_even(tb.size, WORLD)]
+    shards = [tb.slice(lo, hi).to_dict() for lo, hi in split_even(tb.size, WORLD)]
     assert all(0 < len(s["prompt_ids"]) < tb.size for s in shards)
     for role in roles:
         recipe = loss_recipe(loss_for(role))

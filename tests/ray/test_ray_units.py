@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from relax_core.config import build_config, config_to_dict
-from relax_core.trainer import staleness_metrics
+from relax_core.rollout import staleness_metrics
 from relax_core.distributed.proxies import chunk_seed, data_parallel_layout, split_even
 from relax_core.distributed.workers import config_from_dict, loss_recipe
 from relax_core.plugins import default_registry

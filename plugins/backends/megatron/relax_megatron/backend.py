@@ -39,7 +39,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from relax_core.contracts import ForwardOutput, TrainBatch
+from relax_core.batch import Batch
+from relax_core.contracts import ForwardOutput
 from relax_megatron import convert
 from relax_megatron.parallel import (allreduce_grads, allreduce_tied_embedding_grads, broadcast_from_last_stage,
                                      cp_positions, group_sum, local_index, padded_length, run_pipeline)
@@ -171,15 +172,14 @@ def pack_sequences(prompt_ids: list[list[int]], response_ids: Tensor) -> tuple[T
     return ids, positions, at - 1
 
 
-def _pad_rows(mb: TrainBatch, size: int) -> TrainBatch:
+def _pad_rows(mb: Batch, size: int) -> Batch:
     """``mb`` with ``size − b`` masked copies of its last sample appended (``b <= size``)."""
     k = size - mb.size
     if k == 0:
         return mb
-    rep = lambda t: torch.cat([t, t[-1:].expand(k, *t.shape[1:])])  # noqa: E731
-    return TrainBatch(prompt_ids=list(mb.prompt_ids) + [mb.prompt_ids[-1]] * k, response_ids=rep(mb.response_ids),
-                      loss_mask=torch.cat([mb.loss_mask, torch.zeros(k, *mb.loss_mask.shape[1:], dtype=mb.loss_mask.dtype)]),
-                      tensors={name: rep(t) for name, t in mb.tensors.items()})
+    padded = mb.select(list(range(mb.size)) + [mb.size - 1] * k)
+    return padded.replace(loss_mask=torch.cat([mb.loss_mask, torch.zeros(k, *mb.loss_mask.shape[1:],
+                                                                          dtype=mb.loss_mask.dtype)]))
 
 
 class MegatronBackend:
@@ -265,7 +265,7 @@ class MegatronBackend:
         return self.ps.get_data_parallel_rank(), size, self.ps.get_data_parallel_group() if size > 1 else None
 
     # ------------------------------------------------------------------ forward
-    def _inputs(self, mb: TrainBatch, *, top_k: bool, seq_len: int | None = None) -> dict[str, Any]:
+    def _inputs(self, mb: Batch, *, top_k: bool, seq_len: int | None = None) -> dict[str, Any]:
         """This rank's model inputs for one micro-batch and where its response tokens are.
 
         Sequences are right-padded to ``seq_len`` (default: the micro-batch's ``max P + T``)
@@ -281,7 +281,7 @@ class MegatronBackend:
 
         Raises:
             ValueError: response ids outside the vocabulary at ``loss_mask`` positions.
-            KeyError: ``top_k`` without ``tensors['top_k_ids']``.
+            KeyError: ``top_k`` without the batch's ``top_k_ids``.
         """
         v = self.arch.vocab_size
         mask = mb.loss_mask.bool()
@@ -298,9 +298,9 @@ class MegatronBackend:
         causal = None if self.cp > 1 else torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1)[None, None]
         top_ids = None
         if top_k:
-            if "top_k_ids" not in mb.tensors:
-                raise KeyError("top-k log-probs asked but the batch has no tensors['top_k_ids']")
-            top_ids = mb.tensors["top_k_ids"].long().clamp(0, v - 1)
+            if mb.top_k_ids is None:
+                raise KeyError("top-k log-probs asked but the batch has no top_k_ids")
+            top_ids = mb.top_k_ids.long().clamp(0, v - 1)
         d = self.device
         return {"ids": ids[:, held_pos].to(d), "pos": held_pos.expand(ids.shape[0], -1).to(d),
                 "causal": None if causal is None else causal.to(d), "index": index.to(d), "held": held.to(d),
@@ -328,12 +328,12 @@ class MegatronBackend:
 
         return ForwardOutput(log_probs=out(lp), entropy=out(ent), top_k_log_probs=out(top))
 
-    def _forward(self, model: Any, mb: TrainBatch, *, entropy: bool, top_k: bool) -> ForwardOutput:
+    def _forward(self, model: Any, mb: Batch, *, entropy: bool, top_k: bool) -> ForwardOutput:
         """One micro-batch without pipeline parallelism; values are 0 off ``loss_mask``."""
         inp = self._inputs(mb, top_k=top_k)
         return self._stats(self._run_model(model, inp), inp, entropy=entropy)
 
-    def _pipeline(self, model: Any, mbs: list[TrainBatch], *, entropy: bool, top_k: bool,
+    def _pipeline(self, model: Any, mbs: list[Batch], *, entropy: bool, top_k: bool,
                   loss_fn: Any = None) -> list[Any]:
         """Micro-batches through megatron-core's pipeline schedule (PP > 1).
 
@@ -350,7 +350,7 @@ class MegatronBackend:
         seq = padded_length(max(len(p) for mb in mbs for p in mb.prompt_ids) + mbs[0].response_ids.shape[1],
                             2 * self.cp if self.cp > 1 else 1)
 
-        def step(mb: TrainBatch, m: Any) -> tuple[Tensor, Any]:
+        def step(mb: Batch, m: Any) -> tuple[Tensor, Any]:
             inp = self._inputs(_pad_rows(mb, size), top_k=top_k, seq_len=seq)
             output = self._run_model(m, inp)
 
@@ -367,15 +367,12 @@ class MegatronBackend:
         return run_pipeline(model, mbs, step, seq_length=seq, micro_batch_size=size, forward_only=loss_fn is None,
                             cuda=self.cuda)
 
-    def _micro_batches(self, batch: TrainBatch) -> list[TrainBatch]:
+    def _micro_batches(self, batch: Batch) -> list[Batch]:
         n = batch.size
         size = self.micro_batch_size or n
-        return [TrainBatch(prompt_ids=batch.prompt_ids[i:i + size], response_ids=batch.response_ids[i:i + size],
-                           loss_mask=batch.loss_mask[i:i + size],
-                           tensors={k: v[i:i + size] for k, v in batch.tensors.items()})
-                for i in range(0, n, size)]
+        return [batch.slice(i, min(n, i + size)) for i in range(0, n, size)]
 
-    def forward(self, batch: TrainBatch, *, role: str = "actor", entropy: bool = False,
+    def forward(self, batch: Batch, *, role: str = "actor", entropy: bool = False,
                 top_k: bool = False) -> ForwardOutput:
         """No-grad log-probs (and entropy, top-k log-probs) ``[B, T]`` of the batch's
         responses, float32 on CPU, 0 off ``loss_mask``.
@@ -399,7 +396,7 @@ class MegatronBackend:
                 outs = self._pipeline(model, mbs, entropy=entropy, top_k=top_k)
         if self.pp > 1:  # the last stage's statistics, on every stage
             b, t = batch.response_ids.shape
-            k = batch.tensors["top_k_ids"].shape[-1] if top_k else 0
+            k = batch.top_k_ids.shape[-1] if top_k else 0
             shapes = {"log_probs": (b, t), "entropy": (b, t) if entropy else None, "top_k_log_probs": (b, t, k) if top_k else None}
             last = self.ps.is_pipeline_last_stage()
             return ForwardOutput(**{name: None if shape is None else broadcast_from_last_stage(
@@ -460,7 +457,7 @@ class MegatronBackend:
         w = self.warmup_steps
         return self.base_lr * (min(1.0, (self.step + 1) / w) if w > 0 else 1.0)
 
-    def train_step(self, batch: TrainBatch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]:
+    def train_step(self, batch: Batch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]:
         """One AdamW step of the actor over ``batch`` (gradient accumulation over micro-batches).
 
         ``loss_fn(micro_batch, forward_output) -> (loss, metrics)`` returns the micro-batch's

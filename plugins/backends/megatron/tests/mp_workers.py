@@ -45,7 +45,7 @@ def tiny_hf(kind: str, seed: int = 0):
 def tiny_batch(seed: int = 1):
     """4 samples: prompts of lengths 3..6, responses of 5 positions with masked tails whose
     ids are garbage (-1 and 10**6) and whose advantages are NaN."""
-    from relax_core.contracts import TrainBatch
+    from relax_core.batch import Batch
 
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (3, 6, 4, 5)]
@@ -55,8 +55,7 @@ def tiny_batch(seed: int = 1):
     resp[3, 4] = 10**6
     adv = torch.randn(4, 1, generator=g).expand(4, 5).clone().masked_fill(~mask, float("nan"))
     top = torch.randint(0, VOCAB, (4, 5, 3), generator=g)
-    return TrainBatch(prompt_ids=prompts, response_ids=resp, loss_mask=mask,
-                      tensors={"advantages": adv, "top_k_ids": top})
+    return Batch(prompt_ids=prompts, response_ids=resp, loss_mask=mask, advantages=adv, top_k_ids=top)
 
 
 class ToyLoss:
@@ -70,7 +69,7 @@ class ToyLoss:
 
     def __call__(self, mb, out):
         m = mb.loss_mask
-        adv = torch.where(m, mb.tensors["advantages"], 0.0)
+        adv = torch.where(m, mb.advantages, 0.0)
         lp = torch.where(m, out.log_probs, 0.0)
         ent = torch.where(m, out.entropy, 0.0)
         loss = (-(adv * lp).sum() - 0.01 * ent.sum()) / self.n
@@ -92,7 +91,7 @@ def hf_reference(model, batch, steps_lr: float):
         lsm = torch.log_softmax(logits.gather(1, at[..., None].expand(-1, -1, VOCAB)), -1)  # [b, T, V]
         lp = lsm.gather(-1, batch.response_ids.clamp(0, VOCAB - 1)[..., None]).squeeze(-1)
         ent = -(lsm.exp() * lsm).sum(-1)
-        return lp, ent, lsm.gather(-1, batch.tensors["top_k_ids"])
+        return lp, ent, lsm.gather(-1, batch.top_k_ids)
 
     with torch.no_grad():
         lp, ent, top = stats()

@@ -38,7 +38,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from relax_core.contracts import ForwardOutput, TrainBatch
+from relax_core.batch import Batch
+from relax_core.contracts import ForwardOutput
 from relax_core.models import load_model, load_state_dict_, load_tokenizer
 from relax_torch.logprobs import token_log_probs
 
@@ -138,8 +139,8 @@ class TorchBackend:
                 optionally with ``value_head.safetensors``) or a copy of the initial
                 backbone with a zero value head; learning rate ``critic_settings.lr``
                 (default ``--lr``).
-            needs_top_k: compute log-probs at ``tensors['top_k_ids']`` in ``train_step``.
-            routing_replay: replay ``tensors['routed_experts']`` in actor and reference
+            needs_top_k: compute log-probs at the batch's ``top_k_ids`` in ``train_step``.
+            routing_replay: replay the batch's ``routed_experts`` in actor and reference
                 forwards (:mod:`relax_core.routing`).
         """
         self.needs_top_k = needs_top_k
@@ -173,7 +174,7 @@ class TorchBackend:
         return self.models[role]
 
     # ------------------------------------------------------------------ micro-batches
-    def micro_batches(self, batch: TrainBatch) -> list[tuple[int, int]]:
+    def micro_batches(self, batch: Batch) -> list[tuple[int, int]]:
         """Consecutive ``[lo, hi)`` sample ranges: ``--micro-batch-size`` samples, else
         packed to ``--max-tokens-per-micro-batch`` padded tokens (at least one sample
         each), else the whole batch."""
@@ -196,7 +197,7 @@ class TorchBackend:
         return out
 
     # ------------------------------------------------------------------ forward
-    def _inputs(self, mb: TrainBatch) -> tuple[Tensor, Tensor, Tensor, int, int]:
+    def _inputs(self, mb: Batch) -> tuple[Tensor, Tensor, Tensor, int, int]:
         """(input_ids, attention_mask, position_ids, P, T') of ``[prompt | response[:, :T']]``."""
         mask = mb.loss_mask.bool()
         t_eff = int(_last_column(mask).max()) if mask.numel() else 0
@@ -218,9 +219,9 @@ class TorchBackend:
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         return ids.to(self.device), attn.to(self.device), pos.to(self.device), p, t_eff
 
-    def _replay(self, role: str, mb: TrainBatch, p: int, t_eff: int):
+    def _replay(self, role: str, mb: Batch, p: int, t_eff: int):
         """Routing-replay context for an actor/ref forward of ``mb`` (or a null context)."""
-        routed = mb.tensors.get("routed_experts")
+        routed = mb.routed_experts
         if not (self.routing_replay and role in ("actor", "ref") and routed is not None):
             return contextlib.nullcontext()
         from relax_core.routing import replay_routes
@@ -231,7 +232,7 @@ class TorchBackend:
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bool(self.cfg.bf16))
 
-    def _forward_mb(self, mb: TrainBatch, inputs: tuple, role: str, entropy: bool, top_k: bool) -> ForwardOutput:
+    def _forward_mb(self, mb: Batch, inputs: tuple, role: str, entropy: bool, top_k: bool) -> ForwardOutput:
         """Forward of one micro-batch (``inputs`` from :meth:`_inputs`); grad follows the
         caller's grad mode.  Runs inside :meth:`_replay` of the same micro-batch."""
         model = self._model(role)
@@ -255,15 +256,15 @@ class TorchBackend:
         targets = ids[:, p:][sel]  # [N]
         top_ids = None
         if top_k:
-            if "top_k_ids" not in mb.tensors:
-                raise KeyError("top-k log-probs asked but the batch has no tensors['top_k_ids']")
-            top_ids = mb.tensors["top_k_ids"][:, :t_eff].to(self.device)[sel].long()
+            if mb.top_k_ids is None:
+                raise KeyError("top-k log-probs asked but the batch has no top_k_ids")
+            top_ids = mb.top_k_ids[:, :t_eff].to(self.device)[sel].long()
         lp, ent, top = token_log_probs(rows, head.weight, targets, bias=head.bias, temperature=self.temperature,
                                        top_ids=top_ids, entropy=entropy, chunk=self.params.logits_chunk_size)
         return ForwardOutput(log_probs=scatter(lp), entropy=None if ent is None else scatter(ent),
                              top_k_log_probs=None if top is None else scatter(top))
 
-    def forward(self, batch: TrainBatch, *, role: str = "actor", entropy: bool = False,
+    def forward(self, batch: Batch, *, role: str = "actor", entropy: bool = False,
                 top_k: bool = False) -> ForwardOutput:
         """No-grad forward of a whole batch (old log-probs, reference log-probs, values).
 
@@ -280,7 +281,7 @@ class TorchBackend:
         outs = []
         with torch.no_grad():
             for lo, hi in self.micro_batches(batch):
-                mb = _slice(batch, lo, hi)
+                mb = batch.slice(lo, hi)
                 inputs = self._inputs(mb)
                 with self._replay(role, mb, *inputs[3:]):
                     outs.append(self._forward_mb(mb, inputs, role, entropy, top_k))
@@ -302,7 +303,7 @@ class TorchBackend:
         w, s = self.cfg.lr_warmup_steps, self.steps[role]
         return self.base_lr[role] * (min(1.0, (s + 1) / w) if w > 0 else 1.0)
 
-    def accumulate_gradients(self, batch: TrainBatch, loss_fn: Any, *, role: str = "actor") -> dict[str, Any]:
+    def accumulate_gradients(self, batch: Batch, loss_fn: Any, *, role: str = "actor") -> dict[str, Any]:
         """Forward and backward of every micro-batch of ``batch``, leaving the summed
         gradients in ``.grad`` (all-reduced over data-parallel ranks); no optimizer step.
 
@@ -339,11 +340,11 @@ class TorchBackend:
         model.train()
         try:
             for lo, hi in bounds:
-                mb = _slice(batch, lo, hi)
+                mb = batch.slice(lo, hi)
                 inputs = self._inputs(mb)
                 with self._replay(role, mb, *inputs[3:]):  # open through backward (recomputation replays too)
                     out = self._forward_mb(mb, inputs, role, entropy, top_k)
-                    loss, metrics = loss_fn(_to(mb, self.device), out)  # the loss sees one device
+                    loss, metrics = loss_fn(mb.to(self.device), out)  # the loss sees one device
                     value = float(loss.detach())
                     sums["loss"] += value
                     for k, v in metrics.items():
@@ -370,7 +371,7 @@ class TorchBackend:
                 bad.add("other_rank")
         return {"sums": sums, "bad": bad, "micro_batches": len(bounds)}
 
-    def train_step(self, batch: TrainBatch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]:
+    def train_step(self, batch: Batch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]:
         """One optimizer step of ``role`` (``actor`` or ``critic``) on ``batch``
         (:meth:`accumulate_gradients`, then clip and AdamW; skipped if anything is non-finite).
 
@@ -487,17 +488,3 @@ def _last_column(mask: Tensor) -> Tensor:
     t = mask.shape[1]
     idx = torch.arange(1, t + 1, device=mask.device)
     return (mask.bool() * idx).amax(1) if t else torch.zeros(mask.shape[0], dtype=torch.long)
-
-
-def _to(batch: TrainBatch, device: torch.device) -> TrainBatch:
-    if batch.response_ids.device == device and all(v.device == device for v in batch.tensors.values()):
-        return batch
-    return TrainBatch(prompt_ids=batch.prompt_ids, response_ids=batch.response_ids.to(device),
-                      loss_mask=batch.loss_mask.to(device), tensors={k: v.to(device) for k, v in batch.tensors.items()})
-
-
-def _slice(batch: TrainBatch, lo: int, hi: int) -> TrainBatch:
-    if lo == 0 and hi == batch.size:
-        return batch
-    return TrainBatch(prompt_ids=batch.prompt_ids[lo:hi], response_ids=batch.response_ids[lo:hi],
-                      loss_mask=batch.loss_mask[lo:hi], tensors={k: v[lo:hi] for k, v in batch.tensors.items()})

@@ -3,7 +3,7 @@
 import torch
 
 from relax_core.config import RunConfig
-from relax_core.contracts import TrainBatch
+from relax_core.batch import Batch
 from relax_torch.backend import TorchBackend
 from relax_torch.plugin import TorchBackendParams
 
@@ -28,8 +28,8 @@ def make_batch(seed=0, b=5, t=6, vocab=49152, k=3):
     resp = torch.where(mask, resp, 10**9)
     adv = torch.where(mask, torch.randn(b, t, generator=g, dtype=torch.float64), float("nan"))
     top = torch.randint(0, vocab, (b, t, k), generator=g)
-    return TrainBatch(prompt_ids=prompts, response_ids=resp, loss_mask=mask,
-                      tensors={"advantages": adv, "top_k_ids": top, "returns": adv * 0.5})
+    return Batch(prompt_ids=prompts, response_ids=resp, loss_mask=mask, advantages=adv, top_k_ids=top,
+                 returns=adv * 0.5)
 
 
 class PGLoss:
@@ -43,7 +43,7 @@ class PGLoss:
 
     def __call__(self, mb, out):
         m = mb.loss_mask
-        adv = torch.where(m, mb.tensors["advantages"], 0.0)
+        adv = torch.where(m, mb.advantages, 0.0)
         per_tok = -adv * out.log_probs - 0.01 * out.entropy + 0.1 * out.top_k_log_probs.sum(-1)
         loss = torch.where(m, per_tok, 0.0).sum() / self.n
         return loss, {"loss": float(loss.detach()), "tokens": float(m.sum())}
@@ -61,5 +61,5 @@ def reference_outputs(model, batch, temperature=1.0):
         ls = z.log_softmax(-1)
         lps.append(ls.gather(1, torch.tensor(r, dtype=torch.long)[:, None]).squeeze(1))
         ents.append(-(ls.exp() * ls).sum(-1))
-        tops.append(ls.gather(1, batch.tensors["top_k_ids"][i, :n]))
+        tops.append(ls.gather(1, batch.top_k_ids[i, :n]))
     return lps, ents, tops

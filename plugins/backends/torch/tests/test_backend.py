@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from relax_torch_test_helpers import PGLoss, make_backend, make_batch, reference_outputs
-from relax_core.contracts import TrainBatch
+from relax_core.batch import Batch
 from relax_torch.logprobs import token_log_probs
 
 
@@ -91,7 +91,7 @@ def test_gradient_equals_reference_and_is_micro_batch_invariant(backend):
     # independent reference: per-sample full forward, plain autograd
     model.zero_grad(set_to_none=True)
     lps, ents, tops = reference_outputs(model, batch, temperature=0.7)
-    adv = batch.tensors["advantages"]
+    adv = batch.advantages
     loss = sum((-adv[i, :len(lp)] * lp - 0.01 * e + 0.1 * t.sum(-1)).sum() for i, (lp, e, t) in
                enumerate(zip(lps, ents, tops))) / n_tok
     loss.backward()
@@ -325,7 +325,7 @@ def test_bad_token_ids_refused(backend):
     batch = make_batch(seed=9)
     resp = batch.response_ids.clone()
     resp[0, 0] = 10**9  # at a loss_mask position
-    bad = TrainBatch(prompt_ids=batch.prompt_ids, response_ids=resp, loss_mask=batch.loss_mask, tensors=batch.tensors)
+    bad = batch.replace(response_ids=resp)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         backend.forward(bad)
 
@@ -341,8 +341,8 @@ def test_engine_log_probs_match_backend(tiny_model_dir):
     g = eng.generate(prompts, SamplingParams(temperature=0.7, max_new_tokens=6, seed=0))
     mask = torch.arange(g.response_ids.shape[1])[None, :] < g.response_lengths[:, None]
     be = make_backend(tiny_model_dir, dtype="float32", rollout_temperature=0.7)
-    out = be.forward(TrainBatch(prompt_ids=prompts, response_ids=g.response_ids, loss_mask=mask))
-    torch.testing.assert_close(out.log_probs[mask], g.log_probs[mask], atol=1e-5, rtol=0)
+    out = be.forward(Batch(prompt_ids=prompts, response_ids=g.response_ids, loss_mask=mask))
+    torch.testing.assert_close(out.log_probs[mask], g.rollout_log_probs[mask], atol=1e-5, rtol=0)
 
 
 def test_contract():
@@ -373,8 +373,7 @@ def test_routing_replay(tiny_moe_model_dir):
         all4 = torch.arange(4).expand(n, layers, 4)
         keep = ~(all4[..., :, None] == nat[..., None, :]).any(-1)
         routed[i, :n] = all4[keep].view(n, layers, 2)
-    replayed = TrainBatch(prompt_ids=batch.prompt_ids, response_ids=batch.response_ids, loss_mask=batch.loss_mask,
-                          tensors={**batch.tensors, "routed_experts": routed})
+    replayed = batch.replace(routed_experts=routed)
     natural = be.forward(batch).log_probs
     forced = be.forward(replayed).log_probs
     m = batch.loss_mask

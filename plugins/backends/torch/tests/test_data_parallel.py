@@ -93,8 +93,7 @@ def _packed_worker(rank, world, init_file, model_dir, out_dir):
             mask = torch.zeros_like(batch.loss_mask)
             mask[:, 0] = True
             batch = type(batch)(prompt_ids=[[5]] * 4, response_ids=torch.where(mask, 7, 10**9), loss_mask=mask,
-                                tensors={"advantages": torch.ones(4, 6, dtype=torch.float64),
-                                         "top_k_ids": batch.tensors["top_k_ids"]})
+                                advantages=torch.ones(4, 6, dtype=torch.float64), top_k_ids=batch.top_k_ids)
         be = make_backend(model_dir, lr=0.01, max_tokens_per_micro_batch=14)
         local = len(be.micro_batches(batch))
         acc = be.accumulate_gradients(batch, CollectiveLoss(100.0))

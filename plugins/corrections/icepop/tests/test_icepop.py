@@ -75,7 +75,7 @@ def test_masked_garbage():
     for fill in (0.0, float("nan"), 1e9):
         old = torch.tensor([[0.2, -0.3, fill]])
         inp = make_input(old, current=torch.tensor([[0.1, 0.1, 0.0]]), mask=mask)
-        inp = CorrectionInput(**{**inp.__dict__, "rollout_log_probs": torch.tensor([[0.0, 0.0, -fill]])})
+        inp = inp.replace(rollout_log_probs=torch.tensor([[0.0, 0.0, -fill]]))
         out = IcePop(0.5, 2.0).apply(inp)
         (g,) = torch.autograd.grad(torch.where(mask, out.loss, 0.0).sum(), inp.log_probs)
         assert all(torch.isfinite(v).all() for v in out.token_metrics.values())

@@ -106,7 +106,7 @@ def expected_gradient(rule, k, weights_of_q, adv_value=1.3):
     inp = sc_input(z, Q.log()[ids], ids, torch.arange(V), adv, is_weight=rule)
     if rule is not None:  # the sampled token's IS weight uses the distribution it is drawn from
         w_a = rule(torch.exp(inp.log_probs.detach() - weights_of_q.log()[:, None]))
-        inp = CorrectionInput(**{**inp.__dict__, "loss": -adv * w_a * inp.log_probs})
+        inp = inp.replace(loss=-adv * w_a * inp.log_probs)
     out = ScoreCentering(k).apply(inp)
     (grad,) = torch.autograd.grad((weights_of_q[:, None] * out.loss).sum(), z)
     return grad.sum(0)
@@ -204,7 +204,7 @@ def test_input_checks():
     lq = torch.log(torch.tensor([[0.5, 0.25]]))
     sc = ScoreCentering(2)
     with pytest.raises(ValueError, match="needs top_k_ids"):
-        sc.apply(CorrectionInput(**{**sc_input(q_head_log=lq, **ok).__dict__, "top_k_log_probs": None}))
+        sc.apply(sc_input(q_head_log=lq, **ok).replace(top_k_log_probs=None))
     with pytest.raises(ValueError, match="mass > 1"):
         sc.apply(sc_input(q_head_log=torch.log(torch.tensor([[0.7, 0.5]])), **ok))
     with pytest.raises(ValueError, match="finite and <= 0"):
@@ -218,7 +218,7 @@ def test_input_checks():
         sc.apply(sc_input(q_head_log=lq, rollout=rollout_ok * 0.7, response_ids=torch.tensor([[1]]), **ok))
     with pytest.raises(ValueError, match="trainer's top-k log-prob"):
         bad = sc_input(q_head_log=lq, rollout=rollout_ok, response_ids=torch.tensor([[1]]), **ok)
-        sc.apply(CorrectionInput(**{**bad.__dict__, "log_probs": bad.log_probs * 0.5}))
+        sc.apply(bad.replace(log_probs=bad.log_probs * 0.5))
     with pytest.raises(ValueError, match=">= 1"):
         build(ScoreCenteringParams(top_k=0), None)
     assert build(ScoreCenteringParams(), None).top_k == 128 and ScoreCentering.needs_top_k

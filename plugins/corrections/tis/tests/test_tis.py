@@ -133,8 +133,7 @@ def test_empty_response_and_bfloat16():
 
 def test_errors():
     with pytest.raises(ValueError, match="no per-token log-probs"):
-        TIS(0.0, 2.0, "token").apply(make_input([0.0], [0.0]).__class__(
-            **{**make_input([0.0], [0.0]).__dict__, "rollout_log_probs": None}))
+        TIS(0.0, 2.0, "token").apply(make_input([0.0], [0.0]).replace(rollout_log_probs=None))
     with pytest.raises(ValueError, match="policy loss kind 'weird'"):
         TIS(0.0, 2.0, "token").apply(make_input([0.0], [0.0], kind="weird"))
     with pytest.raises(ValueError, match="tis-clip-low"):

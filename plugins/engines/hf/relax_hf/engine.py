@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from relax_core.batch import length_mask
 from relax_core.contracts import GenerationOutput, SamplingParams
 from relax_core.models import load_model, load_state_dict_, load_tokenizer
 
@@ -194,8 +195,9 @@ class HFEngine:
         texts = self.tokenizer.batch_decode(
             [row[:n].tolist() for row, n in zip(response_ids, lengths.tolist())], skip_special_tokens=True)
         return GenerationOutput(
-            response_ids=response_ids, response_lengths=lengths, log_probs=cat("log_probs", 0.0),
-            truncated=torch.cat([c["truncated"] for c in chunks]), texts=texts,
+            response_ids=response_ids, response_lengths=lengths, loss_mask=length_mask(lengths, response_ids.shape[1]),
+            rollout_log_probs=cat("log_probs", 0.0), truncated=torch.cat([c["truncated"] for c in chunks]),
+            responses=texts,
             top_k_ids=cat("top_k_ids", 0), top_k_log_probs=cat("top_k_log_probs", 0.0),
             routed_experts=cat("routed_experts", -1))
 

@@ -40,12 +40,12 @@ def responses(out):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_log_probs_equal_teacher_forced_forward(engine, prompts, temperature):
     out = engine.generate(prompts, SamplingParams(temperature=temperature, max_new_tokens=12, seed=3))
-    assert out.log_probs.dtype == torch.float32 and out.response_ids.dtype == torch.long
-    assert out.response_ids.shape == out.log_probs.shape == (len(prompts), int(out.response_lengths.max()))
+    assert out.rollout_log_probs.dtype == torch.float32 and out.response_ids.dtype == torch.long
+    assert out.response_ids.shape == out.rollout_log_probs.shape == (len(prompts), int(out.response_lengths.max()))
     for i, (p, r) in enumerate(zip(prompts, responses(out))):
         ref = (teacher_forced_logits(engine.model, p, r) / temperature).log_softmax(-1)
         ref = ref.gather(1, torch.tensor(r)[:, None]).squeeze(1)
-        torch.testing.assert_close(out.log_probs[i, :len(r)], ref, atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.rollout_log_probs[i, :len(r)], ref, atol=1e-5, rtol=0)
 
 
 def test_greedy_is_argmax_with_zero_log_prob(engine, prompts):
@@ -53,7 +53,7 @@ def test_greedy_is_argmax_with_zero_log_prob(engine, prompts):
     out = engine.generate(prompts, s)
     for i, (p, r) in enumerate(zip(prompts, responses(out))):
         assert r == teacher_forced_logits(engine.model, p, r).argmax(-1).tolist()
-        assert torch.all(out.log_probs[i, :len(r)] == 0)  # point-mass sampling distribution
+        assert torch.all(out.rollout_log_probs[i, :len(r)] == 0)  # point-mass sampling distribution
     # greedy does not depend on how prompts are chunked
     chunked = HFEngine.__new__(HFEngine)
     chunked.__dict__.update(engine.__dict__, max_batch_size=2)
@@ -66,7 +66,7 @@ def test_greedy_is_argmax_with_zero_log_prob(engine, prompts):
 def test_seed_reproducible_and_stream_advances(engine, prompts):
     s = SamplingParams(max_new_tokens=8, seed=11)
     a, b = engine.generate(prompts, s), engine.generate(prompts, s)
-    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.log_probs, b.log_probs)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.rollout_log_probs, b.rollout_log_probs)
     c = engine.generate(prompts, SamplingParams(max_new_tokens=8, seed=12))
     assert not torch.equal(a.response_ids, c.response_ids)
     u = SamplingParams(max_new_tokens=8)  # no seed: the engine's stream moves on
@@ -110,7 +110,7 @@ def test_top_k_top_p_log_q_and_support(engine, prompts):
             z = apply_repetition_penalty(logits[t:t + 1], seen[None], 1.2)
             w = warp_logits(z, 0.8, 20, 0.9)
             assert torch.isfinite(w[0, y])  # sampled inside the kept set
-            assert out.log_probs[i, t].item() == pytest.approx(w.log_softmax(-1)[0, y].item(), abs=1e-5)
+            assert out.rollout_log_probs[i, t].item() == pytest.approx(w.log_softmax(-1)[0, y].item(), abs=1e-5)
             seen[y] = True
 
 
@@ -184,10 +184,10 @@ def test_update_weights_changes_outputs(tiny_model_dir, tmp_path, prompts):
     eng.update_weights(other.state_dict(), version=3)
     assert eng.weight_version == 3
     after = eng.generate(prompts, s)
-    assert not torch.equal(before.log_probs, after.log_probs)
+    assert not torch.equal(before.rollout_log_probs, after.rollout_log_probs)
     for i, (p, r) in enumerate(zip(prompts, responses(after))):  # now sampling from the new weights
         ref = teacher_forced_logits(other, p, r).log_softmax(-1).gather(1, torch.tensor(r)[:, None]).squeeze(1)
-        torch.testing.assert_close(after.log_probs[i, :len(r)], ref, atol=1e-5, rtol=0)
+        torch.testing.assert_close(after.rollout_log_probs[i, :len(r)], ref, atol=1e-5, rtol=0)
     sd = dict(other.state_dict())
     sd.pop("model.norm.weight")
     with pytest.raises(KeyError, match="missing"):
@@ -216,7 +216,7 @@ def test_routed_experts_match_a_full_forward(tiny_moe_model_dir):
     assert out.routed_experts.shape == (2, out.response_ids.shape[1], n_layers, 2)
     for i, (p, r) in enumerate(zip(prompts, responses(out))):
         ref = (teacher_forced_logits(eng.model, p, r) ).log_softmax(-1).gather(1, torch.tensor(r)[:, None]).squeeze(1)
-        torch.testing.assert_close(out.log_probs[i, :len(r)], ref, atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.rollout_log_probs[i, :len(r)], ref, atol=1e-5, rtol=0)
         with record_routes(eng.model) as rec, torch.no_grad():
             eng.model(input_ids=torch.tensor([p + r]))
         full = rec.routes()[0]  # [S, L, E]

@@ -41,6 +41,7 @@ from typing import Any, Sequence
 
 import torch
 
+from relax_core.batch import length_mask
 from relax_core.contracts import GenerationOutput, SamplingParams
 
 
@@ -144,9 +145,11 @@ def decode_generate_response(items: Sequence[dict[str, Any]], prompt_lengths: Se
                 raise ValueError(f"routed_experts has {rows.shape[0]} rows, expected prompt {p} + response {n} - 1")
             routed[i, :n] = rows[p - 1: p - 1 + n]
     truncated = [isinstance(m.get("finish_reason"), dict) and m["finish_reason"].get("type") == "length" for m in metas]
+    n_tokens = torch.tensor(lengths, dtype=torch.long)
     return GenerationOutput(
-        response_ids=ids, response_lengths=torch.tensor(lengths, dtype=torch.long), log_probs=lps,
-        truncated=torch.tensor(truncated, dtype=torch.bool), texts=[it.get("text", "") for it in items],
+        response_ids=ids, response_lengths=n_tokens, loss_mask=length_mask(n_tokens, ids.shape[1]),
+        rollout_log_probs=lps, truncated=torch.tensor(truncated, dtype=torch.bool),
+        responses=[it.get("text", "") for it in items],
         top_k_ids=top_ids, top_k_log_probs=top_lps, routed_experts=routed)
 
 

@@ -55,10 +55,10 @@ def test_decode_recorded_moe_response():
                                             routed_shape=(2, 2))
     assert out.response_ids.tolist() == [[19, 30, 2], [11, 12, 0]]
     assert out.response_lengths.tolist() == [3, 2]
-    assert out.log_probs[0].tolist() == [-0.25, -1.5, -0.125]
-    assert out.log_probs[1, :2].tolist() == [-0.5, -0.0625]
+    assert out.rollout_log_probs[0].tolist() == [-0.25, -1.5, -0.125]
+    assert out.rollout_log_probs[1, :2].tolist() == [-0.5, -0.0625]
     assert out.truncated.tolist() == [False, True]  # "stop" vs "length"
-    assert out.texts == [" 4.", "ab"]
+    assert out.responses == [" 4.", "ab"]
     assert out.top_k_ids[0].tolist() == [[19, 7], [31, 30], [2, 5]]
     assert out.top_k_log_probs[0, 1].tolist() == [-0.75, -1.5]
     assert out.top_k_log_probs[1, 2].isneginf().all()

@@ -23,7 +23,6 @@ directory and call the worker's ``reload_weights(weights_path=dir)`` through
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import shutil
@@ -33,6 +32,7 @@ from typing import Any, Sequence
 
 import torch
 
+from relax_core.batch import length_mask
 from relax_core.contracts import GenerationOutput, SamplingParams
 
 
@@ -70,12 +70,14 @@ def to_generation_output(completions: Sequence[Any], *, pad_id: int, top_k: int)
                     raise ValueError(f"vLLM returned {len(head)} top log-probs, fewer than k = {top_k}")
                 top_ids[i, j] = torch.tensor([h[1] for h in head])
                 top_lps[i, j] = torch.tensor([float(h[2]) for h in head])
+    lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.long)
     return GenerationOutput(
         response_ids=ids,
-        response_lengths=torch.tensor([len(c.token_ids) for c in completions], dtype=torch.long),
-        log_probs=lps,
+        response_lengths=lengths,
+        loss_mask=length_mask(lengths, ids.shape[1]),
+        rollout_log_probs=lps,
         truncated=torch.tensor([c.finish_reason == "length" for c in completions], dtype=torch.bool),
-        texts=[c.text for c in completions],
+        responses=[c.text for c in completions],
         top_k_ids=top_ids,
         top_k_log_probs=top_lps,
     )
@@ -135,7 +137,7 @@ class VLLMEngine:
                                  vllm_sampling_params(sampling, len(prompt_ids)), use_tqdm=False)
         out = to_generation_output([o.outputs[0] for o in outs], pad_id=self.pad_id, top_k=sampling.return_top_k)
         if sampling.temperature == 0:  # greedy: a point mass
-            out = dataclasses.replace(out, log_probs=torch.zeros_like(out.log_probs))
+            out = out.replace(rollout_log_probs=torch.zeros_like(out.rollout_log_probs))
         return out
 
     def update_weights(self, state_dict: Any, version: int) -> None:

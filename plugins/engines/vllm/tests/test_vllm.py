@@ -33,12 +33,12 @@ def test_to_generation_output_packs_and_sorts_top_k():
     out = to_generation_output([a, b], pad_id=0, top_k=2)
     assert out.response_ids.tolist() == [[5, 7], [4, 0]]
     assert out.response_lengths.tolist() == [2, 1]
-    assert out.log_probs[0].tolist() == [-0.5, -3.0] and out.log_probs[1, 0].item() == pytest.approx(-0.1)
+    assert out.rollout_log_probs[0].tolist() == [-0.5, -3.0] and out.rollout_log_probs[1, 0].item() == pytest.approx(-0.1)
     assert out.truncated.tolist() == [True, False]
     assert out.top_k_ids.tolist()[0] == [[5, 9], [3, 2]]
     assert out.top_k_log_probs[0, 1].tolist() == pytest.approx([-0.2, -1.0])
     assert out.top_k_log_probs[1, 1].isneginf().all()  # past the response
-    assert out.texts == ["ab", "c"]
+    assert out.responses == ["ab", "c"]
 
 
 def test_to_generation_output_errors_and_empty():
@@ -104,11 +104,11 @@ def _check_against_hf(engine, model, seed):
     lps, heads = _hf_log_probs(model, prompts, out, 0.7)
     worst = 0.0
     for i, n in enumerate(out.response_lengths.tolist()):
-        worst = max(worst, (out.log_probs[i, :n].double() - lps[i]).abs().max().item())
+        worst = max(worst, (out.rollout_log_probs[i, :n].double() - lps[i]).abs().max().item())
         assert torch.equal(out.top_k_ids[i, :n], heads[i].indices)
         assert (out.top_k_log_probs[i, :n].double() - heads[i].values).abs().max() < 1e-4
     assert worst < 1e-4, worst
-    assert out.log_probs.max() < 0 and math.isfinite(float(out.log_probs.sum()))
+    assert out.rollout_log_probs.max() < 0 and math.isfinite(float(out.rollout_log_probs.sum()))
     return out
 
 
@@ -128,7 +128,7 @@ def test_log_probs_match_transformers_before_and_after_weight_push(engine, tiny_
     assert engine.version == 1
     after = _check_against_hf(engine, model, seed=11)
     # same seed, new weights: the distribution changed, so the log-probs did
-    assert not torch.allclose(before.log_probs, after.log_probs)
+    assert not torch.allclose(before.rollout_log_probs, after.rollout_log_probs)
 
 
 @pytest.mark.slow
@@ -140,18 +140,18 @@ def test_seeds_and_stop_strings(engine):
     assert torch.equal(a.response_ids, b.response_ids)  # same seed, same samples
     assert len({tuple(r.tolist()) for r in a.response_ids}) == 3  # a group gets distinct samples
     assert a.truncated.all() and a.response_lengths.tolist() == [16] * 3
-    text = a.texts[0]
+    text = a.responses[0]
     stop = text[len(text) // 2: len(text) // 2 + 3]
     assert stop.strip(), text
     c = engine.generate(prompts[:1], SamplingParams(temperature=1.0, max_new_tokens=16, seed=3, stop=(stop,)))
-    assert not c.truncated[0] and c.texts[0].endswith(stop)  # the text keeps the stop string
-    assert c.texts[0] == text[: text.index(stop) + len(stop)]
+    assert not c.truncated[0] and c.responses[0].endswith(stop)  # the text keeps the stop string
+    assert c.responses[0] == text[: text.index(stop) + len(stop)]
     assert 1 <= c.response_lengths[0] < 16
     n = int(c.response_lengths[0])
     assert torch.equal(c.response_ids[0, :n], a.response_ids[0, :n])  # same seed: a prefix of the free run
     # greedy: log q = 0 (a point mass), and no top-k head
     g = engine.generate(prompts[:2], SamplingParams(temperature=0.0, max_new_tokens=4))
-    assert torch.equal(g.response_ids[0], g.response_ids[1]) and (g.log_probs == 0).all()
+    assert torch.equal(g.response_ids[0], g.response_ids[1]) and (g.rollout_log_probs == 0).all()
     with pytest.raises(ValueError, match="top-k head needs"):
         engine.generate(prompts[:1], SamplingParams(temperature=0.0, return_top_k=2))
     with pytest.raises(ValueError, match="top-k head needs"):
