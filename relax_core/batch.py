@@ -124,6 +124,15 @@ CORE_FIELDS: tuple[Field, ...] = (
 
 FIELDS: dict[str, Field] = {f.name: f for f in CORE_FIELDS}
 
+#: The fields every run has: the loop's, the reward's and the advantage stage's, what every
+#: engine returns and what every backend's forward gives.  The others (engine log-probs,
+#: top-k heads, routed experts, top-k log-probs of the trainer, plugin fields) exist when
+#: the selected engine or backend declares them (``provides_fields``).
+ALWAYS_PROVIDED = frozenset(
+    {f.name for f in CORE_FIELDS if f.stage in ("loop", "reward", "advantage")}
+    | {"prompt_ids", "response_ids", "loss_mask", "response_lengths", "truncated", "prompts", "responses",
+       "log_probs", "entropy"})
+
 
 def declare(field: Field) -> None:
     """Add a plugin's field to the schema (the plugin loader calls it for ``spec.fields``).

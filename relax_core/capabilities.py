@@ -157,6 +157,38 @@ def _parallel(flag: str, what: str, field: str) -> Callable[[Context, Any], str 
     return check
 
 
+def provided_fields(ctx: Context) -> set[str]:
+    """The batch fields a run has: the core's and every engine's and backend's
+    (:data:`relax_core.batch.ALWAYS_PROVIDED`), and what the selected engine and backend
+    declare in ``provides_fields``."""
+    from relax_core.batch import ALWAYS_PROVIDED
+
+    out = set(ALWAYS_PROVIDED)
+    for sel in (ctx.engine, ctx.backend):
+        if sel is not None:
+            out |= set(sel.caps.provides_fields)
+    return out
+
+
+def _fields_check(ctx: Context, caps: Any) -> str | None:
+    from relax_core.batch import FIELDS
+
+    missing = sorted(set(caps.requires_fields) - provided_fields(ctx))
+    if not missing:
+        return None
+    who = {"rollout": f"engine '{ctx.engine.name}'" if ctx.engine else "the engine",
+           "train": f"backend '{ctx.backend.name}'" if ctx.backend else "the backend"}
+    parts = []
+    for name in missing:
+        f = FIELDS.get(name)
+        if f is None:
+            parts.append(f"'{name}', which no installed plugin declares")
+        else:
+            origin = "" if f.declared_by == "relax_core" else f" (declared by {f.declared_by})"
+            parts.append(f"'{name}'{origin}, which {who.get(f.stage, 'no selected component')} does not provide")
+    return "reads the batch field " + "; ".join(parts)
+
+
 E, C, G, B, P = "estimator", "correction", "engine", "backend", "reward_processor"
 
 CAPABILITIES: tuple[Capability, ...] = (
@@ -216,22 +248,18 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(E, "allows_reward_post_processors", "post-procs", "Accepts reward post-processors that replace the raw reward signal.",
                lambda ctx, c: f"does not allow reward post-processors that replace its reward signal ({', '.join(b)})" if not c.allows_reward_post_processors and (b := _strict_processors(ctx)) else None,
                "remove those --reward-processor options"),
+    Capability(E, "requires_fields", "reads", "Batch fields it reads that not every run has.", _fields_check,
+               "choose a rollout engine / training backend whose `provides` column lists them (`relax capabilities`)"),
     Capability(E, "metrics", "metrics", "Names of the estimator-specific metrics it reports.", matrix=False),
     # ---------------------------------------------------------------- corrections
-    Capability(C, "needs_rollout_log_probs", "rollout logp", "Needs per-token log-probs from the rollout engine.",
-               lambda ctx, c: f"needs per-token log-probs, but engine '{ctx.engine.name}' returns none" if c.needs_rollout_log_probs and ctx.engine and not ctx.engine.caps.returns_log_probs else None,
-               "choose a --rollout-engine that returns log-probs (hf, vllm, sglang)"),
-    Capability(C, "needs_top_k_log_probs", "top-k logp", "Needs the engine's top-k log-probs (and the backend's at the same ids).",
-               lambda ctx, c: (f"needs top-k log-probs, but engine '{ctx.engine.name}' does not return them" if ctx.engine and not ctx.engine.caps.returns_top_k_log_probs else
-                               f"needs top-k log-probs, but backend '{ctx.backend.name}' cannot compute them" if ctx.backend and not ctx.backend.caps.supports_top_k_log_probs else None) if c.needs_top_k_log_probs else None,
-               "choose an engine and backend that declare top-k log-probs (hf + torch, sglang)"),
+    Capability(C, "requires_fields", "reads", "Batch fields it reads that not every run has (engine log-probs, top-k heads, routed experts, a plugin's own).",
+               _fields_check, "choose a rollout engine / training backend whose `provides` column lists them (hf + torch provide all the core's)"),
     Capability(C, "needs_moe_model", "MoE", "Only meaningful for mixture-of-experts models.",
                lambda ctx, c: "needs a mixture-of-experts model, but --model is dense (routing replay has no meaning there)" if c.needs_moe_model and ctx.model_is_moe is False else None,
                "use an MoE --model (e.g. Qwen3-MoE) or drop this correction"),
-    Capability(C, "needs_routed_experts", "routes", "Needs routed experts from the engine and replay in the backend.",
-               lambda ctx, c: (f"needs routed experts, but engine '{ctx.engine.name}' does not record them" if ctx.engine and not ctx.engine.caps.returns_routed_experts else
-                               f"needs routing replay, but backend '{ctx.backend.name}' does not support it" if ctx.backend and not ctx.backend.caps.supports_routing_replay else None) if c.needs_routed_experts else None,
-               "choose an engine and backend that declare routed experts and replay (hf + torch)"),
+    Capability(C, "needs_routing_replay", "replay", "Needs the backend to replay the engine's MoE routes.",
+               lambda ctx, c: f"needs routing replay, but backend '{ctx.backend.name}' does not support it" if c.needs_routing_replay and ctx.backend and not ctx.backend.caps.supports_routing_replay else None,
+               "choose a --train-backend that declares supports_routing_replay (torch)"),
     Capability(C, "compatible_policy_loss_kinds", "loss kinds", "Policy-loss kinds it is correct for.",
                lambda ctx, c: None if ctx.estimator is None or "*" in c.compatible_policy_loss_kinds or ctx.policy_loss_kind in c.compatible_policy_loss_kinds else
                f"is not valid with estimator '{ctx.estimator.name}' whose policy loss is '{ctx.policy_loss_kind}' (needs {', '.join(sorted(c.compatible_policy_loss_kinds)) or 'a declared kind'})",
@@ -254,9 +282,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(C, "metrics", "metrics", "Names of the correction's metrics.", matrix=False),
     # ---------------------------------------------------------------- engines
     Capability(G, "devices", "devices", "Devices it runs on.", _dev, "choose another --device or engine"),
-    Capability(G, "returns_log_probs", "logp", "Returns per-token log-probs of sampled tokens."),
-    Capability(G, "returns_top_k_log_probs", "top-k", "Returns top-k log-probs per position."),
-    Capability(G, "returns_routed_experts", "routes", "Records MoE routed experts per token."),
+    Capability(G, "provides_fields", "provides", "Batch fields it returns beyond every engine's (tokens, loss_mask, lengths, texts)."),
     Capability(G, "supports_weight_update", "weight update", "Takes new weights from the trainer without restarting.",
                lambda ctx, c: "cannot take weight updates from the trainer" if not c.supports_weight_update and not ctx.cfg.load_debug_rollout_data else None,
                "choose an engine that supports weight updates"),
@@ -285,7 +311,7 @@ CAPABILITIES: tuple[Capability, ...] = (
                "use --pipeline-parallel-size 1, or a --train-backend whose PP column says yes and whose requirements (`needs` column) hold (`relax capabilities`)"),
     Capability(B, "supports_critic", "critic", "Can train a critic (value model)."),
     Capability(B, "supports_routing_replay", "R3", "Replays recorded MoE routes in the training forward."),
-    Capability(B, "supports_top_k_log_probs", "top-k", "Computes log-probs at given top-k ids."),
+    Capability(B, "provides_fields", "provides", "Batch fields its forward gives beyond log_probs and entropy."),
     Capability(B, "supports_gradient_checkpointing", "grad ckpt", "Activation recomputation.",
                lambda ctx, c: "does not support --gradient-checkpointing" if ctx.cfg.gradient_checkpointing and not c.supports_gradient_checkpointing else None,
                "remove --gradient-checkpointing"),

@@ -90,7 +90,7 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     except RewardSetupError as e:
         return _error(str(e))
 
-    if cfg.use_rollout_logprobs and not resolved.context.engine.caps.returns_log_probs:
+    if cfg.use_rollout_logprobs and "rollout_log_probs" not in resolved.context.engine.caps.provides_fields:
         return _error(f"--use-rollout-logprobs needs an engine that returns log-probs; '{cfg.rollout_engine}' does not")
 
     import numpy as np
@@ -119,9 +119,9 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     est_caps = ctx.estimator.caps
     corr_caps = [c.caps for c in ctx.corrections]
     top_k = max([int(getattr(c, "top_k", 0) or 0) for c in corrections] + [0])
-    if any(c.needs_top_k_log_probs for c in corr_caps) and top_k == 0:
+    if any("top_k_log_probs" in c.requires_fields for c in corr_caps) and top_k == 0:
         return _error("a selected correction needs top-k log-probs but does not say how many (its object has no 'top_k')")
-    routed = any(c.needs_routed_experts for c in corr_caps)
+    routed = any("routed_experts" in c.requires_fields for c in corr_caps)
     critic_settings = getattr(estimator, "critic_settings", None) if est_caps.needs_critic else None
 
     runtime = None

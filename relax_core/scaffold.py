@@ -124,7 +124,7 @@ def relax_register_corrections():
         factory="relax_$name.$impl:build",
         params=Params,
         capabilities=CorrectionCapabilities(
-            needs_rollout_log_probs=True,
+            requires_fields=frozenset({"rollout_log_probs"}),
             compatible_policy_loss_kinds=frozenset({"ppo_clip", "reinforce"}),
             conflicts_with_rollout_logprobs_as_old=True,
         ),
@@ -185,7 +185,7 @@ def relax_register_rollout_engines():
         summary=$qsummary,
         source="TODO: the inference library this wraps",
         factory="relax_$name.$impl:build",
-        capabilities=EngineCapabilities(devices=frozenset({"cpu"}), returns_log_probs=True,
+        capabilities=EngineCapabilities(devices=frozenset({"cpu"}), provides_fields=frozenset({"rollout_log_probs"}),
                                         supports_weight_update=True),
     )]
 '''),

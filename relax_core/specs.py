@@ -125,6 +125,9 @@ class EstimatorCapabilities:
     needs_full_sequence: bool = False
     """The loss of a token depends on the whole sequence's log-ratios (per-sample reduction)."""
     allows_reward_post_processors: bool = False
+    requires_fields: frozenset[str] = frozenset()
+    """Batch fields it reads beyond the core's (:mod:`relax_core.batch`); a run in which no
+    selected component provides one is refused."""
     metrics: tuple[str, ...] = ()
     """Names of the estimator-specific metrics it reports (``train/...``, ``rollout/...``)."""
 
@@ -143,10 +146,14 @@ class SamplingConstraints:
 class CorrectionCapabilities:
     """What a train/inference mismatch correction needs and conflicts with."""
 
-    needs_rollout_log_probs: bool = False
-    needs_top_k_log_probs: bool = False
+    requires_fields: frozenset[str] = frozenset()
+    """Batch fields it reads that not every run has (:mod:`relax_core.batch`), e.g.
+    ``rollout_log_probs``, the top-k heads ``top_k_ids``/``top_k_log_probs``/
+    ``train_top_k_log_probs``, ``routed_experts``, or a plugin's own; a run in which no
+    selected component provides one is refused."""
     needs_moe_model: bool = False
-    needs_routed_experts: bool = False
+    needs_routing_replay: bool = False
+    """The backend must replay the engine's recorded MoE routes in its forwards."""
     compatible_policy_loss_kinds: frozenset[str] = frozenset()
     """Policy-loss kinds it is correct for; ``"*"`` means any.  Empty = none."""
     conflicts_with_rollout_logprobs_as_old: bool = False
@@ -166,9 +173,10 @@ class EngineCapabilities:
     """What a rollout engine provides."""
 
     devices: frozenset[str] = frozenset({"cpu"})
-    returns_log_probs: bool = False
-    returns_top_k_log_probs: bool = False
-    returns_routed_experts: bool = False
+    provides_fields: frozenset[str] = frozenset()
+    """Batch fields it returns beyond those every engine returns (tokens, ``loss_mask``,
+    lengths, truncation, texts): ``rollout_log_probs``, ``top_k_ids``/``top_k_log_probs``
+    (when asked for a top-k head), ``routed_experts`` (when asked), a plugin's own."""
     supports_weight_update: bool = False
     supports_tensor_parallel: bool = False
     supports_sampling_penalties: bool = False
@@ -186,7 +194,9 @@ class BackendCapabilities:
     supports_pipeline_parallel: bool = False
     supports_critic: bool = False
     supports_routing_replay: bool = False
-    supports_top_k_log_probs: bool = False
+    provides_fields: frozenset[str] = frozenset()
+    """Batch fields its forward gives beyond ``log_probs`` and ``entropy``, e.g.
+    ``train_top_k_log_probs`` (log-probs at the engine's top-k ids)."""
     supports_gradient_checkpointing: bool = False
     requires: frozenset[str] = frozenset()
     """Conditions of declared capabilities, as ``"<capability field>:<requirement>"``; a
@@ -243,13 +253,8 @@ class ComponentSpec:
     """A capabilities instance, or a callable ``params -> capabilities``."""
     fields: tuple[Any, ...] = ()
     """New batch fields this plugin declares (:class:`relax_core.batch.Field`), registered
-    when the plugin loads; then any component may provide or read them by name."""
-    provides: tuple[str, ...] = ()
-    """Batch fields this component produces beyond what its kind always gives (e.g. an
-    engine passing a plugin field to ``GenerationOutput``)."""
-    requires: tuple[str, ...] = ()
-    """Batch fields this component reads; startup validation refuses a run in which no
-    selected component (nor the core) provides one of them."""
+    when the plugin loads; components then provide (``provides_fields``) and read
+    (``requires_fields``) them by name, declared in their capabilities."""
     api_version: int = API_VERSION
 
     def default_params(self) -> Any:

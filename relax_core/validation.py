@@ -227,46 +227,8 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
         # its fields (e.g. tis: --tis-clip-low <= --tis-clip); checked only for selected components
         check = getattr(cfg.params_for(sel.name), "problems", None)
         problems += [Problem(sel.label, "parameters", f"{sel.name}: {msg}", fix) for msg, fix in (check() if callable(check) else ())]
-    problems += _field_problems([(s, specs.get(k)) for s, k in
-                                 [(est, "estimator"), (engine, "engine"), (backend, "backend")] if s]
-                                + [(c, specs.get(f"correction:{c.name}")) for c in corrections]
-                                + [(p, specs.get(f"reward_processor:{p.name}")) for p in processors])
     problems += [Problem("plugins", "duplicate component", p, "") for p in reg.problems]
     return Resolved(ctx, specs), problems
-
-
-#: fields the core (or every engine and backend) always provides: the loop's bookkeeping,
-#: rewards, advantages, and the single-completion rollout fields every engine returns; the
-#: engine-dependent ones (log-probs, top-k heads, routed experts) are checked by the
-#: capability table until they are declared as provided fields too
-ALWAYS_PROVIDED = frozenset({
-    "prompt_ids", "response_ids", "loss_mask", "response_lengths", "truncated", "prompts", "responses",
-    "group_index", "prompt_index", "weight_version", "labels", "metadata", "rewards", "old_log_probs",
-    "ref_log_probs", "values", "advantages", "returns", "log_probs", "entropy", "rollout_log_probs",
-    "top_k_ids", "top_k_log_probs", "routed_experts", "train_top_k_log_probs"})
-
-
-def _field_problems(selected: list[tuple[Selected, Any]]) -> list[Problem]:
-    """Every field a selected component ``requires`` must be declared and provided by the
-    core or by a selected component (``provides``)."""
-    from relax_core.batch import FIELDS
-
-    provided = set(ALWAYS_PROVIDED)
-    for _, spec in selected:
-        provided |= set(getattr(spec, "provides", ()))
-    out = []
-    for sel, spec in selected:
-        for name in getattr(spec, "requires", ()):
-            if name not in FIELDS:
-                out.append(Problem(sel.label, "requires", f"{sel.name} requires the batch field '{name}', which no "
-                                   "installed plugin declares", "install the plugin that declares it"))
-            elif name not in provided:
-                f = FIELDS[name]
-                out.append(Problem(sel.label, "requires", f"{sel.name} requires the batch field '{name}' "
-                                   f"(declared by {f.declared_by}), and no selected component provides it",
-                                   f"select a {'rollout engine' if f.stage == 'rollout' else 'component'} "
-                                   f"that provides '{name}'"))
-    return out
 
 
 def validate(cfg: RunConfig, reg: Registry) -> Resolved:

@@ -317,7 +317,7 @@ def check_correction(spec: Any, params: Any, caps: Any, cfg: Any, checks: Checks
     adv = torch.randn(shape[0], generator=g)[:, None].expand(shape)
 
     mask_k = mask[..., None].expand(*shape, k)
-    top = caps.needs_top_k_log_probs
+    top = "top_k_log_probs" in caps.requires_fields
 
     def run(garbage: bool, independent_loss: bool = False, pieces: tuple[slice, ...] = (slice(0, T),),
             ) -> tuple[Tensor, Tensor | None, Tensor | None]:

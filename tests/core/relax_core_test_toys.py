@@ -53,7 +53,7 @@ def infra_plugin() -> types.SimpleNamespace:
     return make_plugin(
         DataSourceSpec(name="rg", scheme="rg", summary="toy data source", source="tests", factory="x:y"),
         EngineSpec(name="hf", summary="toy engine", source="tests", factory="x:y",
-                   capabilities=EngineCapabilities(returns_log_probs=True, supports_weight_update=True)),
+                   capabilities=EngineCapabilities(provides_fields=frozenset({"rollout_log_probs"}), supports_weight_update=True)),
         BackendSpec(name="torch", summary="toy backend", source="tests", factory="x:y",
                     capabilities=BackendCapabilities(supports_data_parallel=True, supports_critic=True)),
     )

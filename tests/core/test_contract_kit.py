@@ -112,7 +112,7 @@ def test_spec_problems_are_all_listed():
 
 
 def _correction(factory, caps=None):
-    caps = caps or CorrectionCapabilities(needs_rollout_log_probs=True, compatible_policy_loss_kinds=frozenset({"*"}))
+    caps = caps or CorrectionCapabilities(requires_fields=frozenset({"rollout_log_probs"}), compatible_policy_loss_kinds=frozenset({"*"}))
     return CorrectionSpec(name="toy_tis", summary="toy", source="tests", factory=f"relax_core_test_toys:{factory}",
                           capabilities=caps)
 

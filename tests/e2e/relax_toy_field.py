@@ -45,12 +45,14 @@ class Plugin:
     @hookimpl
     def relax_register_corrections(self):
         return [CorrectionSpec(name="toy_scale", summary="scale the loss by toy_weight", source="test",
-                               factory="relax_toy_field:build_scale", fields=(TOY_FIELD,), requires=("toy_weight",),
+                               factory="relax_toy_field:build_scale", fields=(TOY_FIELD,),
                                capabilities=CorrectionCapabilities(compatible_policy_loss_kinds=frozenset({"*"}),
+                                                                   requires_fields=frozenset({"toy_weight"}),
                                                                    supports_fully_async=True))]
 
     @hookimpl
     def relax_register_rollout_engines(self):
         return [EngineSpec(name="toy_engine", summary="the fake engine with toy_weight", source="test",
-                           factory="relax_toy_field:ToyFieldEngine", provides=("toy_weight",),
-                           capabilities=EngineCapabilities(returns_log_probs=True, supports_weight_update=True))]
+                           factory="relax_toy_field:ToyFieldEngine",
+                           capabilities=EngineCapabilities(provides_fields=frozenset({"rollout_log_probs", "toy_weight"}),
+                                                           supports_weight_update=True))]

@@ -48,11 +48,12 @@ def test_the_loop_carries_a_plugin_field_from_engine_to_correction(registry, tmp
 def test_a_required_field_that_no_selected_component_provides_is_refused(registry, tmp_path):
     cfg = RunConfig(correction=("toy_scale",), advantage_estimator="rloo", calculate_per_token_loss=True)
     _, problems = resolve(cfg, registry)
-    msgs = [str(p) for p in problems if p.constraint == "requires"]
-    assert msgs == ["correction 'toy_scale' (relax-toy 0.1) [requires]: toy_scale requires the batch field "
-                    "'toy_weight' (declared by relax-toy), and no selected component provides it\n"
-                    "    fix: select a rollout engine that provides 'toy_weight'"]
+    msgs = [str(p) for p in problems if p.constraint == "requires_fields"]
+    assert msgs == ["correction 'toy_scale' (relax-toy 0.1) [requires_fields]: toy_scale reads the batch field "
+                    "'toy_weight' (declared by relax-toy), which engine 'hf' does not provide\n"
+                    "    fix: choose a rollout engine / training backend whose `provides` column lists them "
+                    "(hf + torch provide all the core's)"]
     cfg = RunConfig(correction=("toy_scale",), advantage_estimator="rloo", calculate_per_token_loss=True,
                     rollout_engine="toy_engine")
     _, problems = resolve(cfg, registry)
-    assert [p for p in problems if p.constraint == "requires"] == []
+    assert [p for p in problems if p.constraint == "requires_fields"] == []

@@ -26,7 +26,7 @@ def relax_register_train_backends():
             requires=frozenset({"supports_context_parallel:cuda", "supports_context_parallel:transformer_engine"}),
             supports_critic=False,
             supports_routing_replay=False,
-            supports_top_k_log_probs=True,
+            provides_fields=frozenset({"train_top_k_log_probs"}),
             supports_gradient_checkpointing=False,
         ),
     )]

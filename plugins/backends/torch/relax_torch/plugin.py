@@ -30,7 +30,7 @@ def relax_register_train_backends():
             supports_data_parallel=True,
             supports_critic=True,
             supports_routing_replay=True,
-            supports_top_k_log_probs=True,
+            provides_fields=frozenset({"train_top_k_log_probs"}),
             supports_gradient_checkpointing=True,
         ),
     )]

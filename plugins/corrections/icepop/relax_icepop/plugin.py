@@ -31,7 +31,7 @@ def relax_register_corrections():
         factory="relax_icepop.icepop:build",
         params=IcePopParams,
         capabilities=CorrectionCapabilities(
-            needs_rollout_log_probs=True,
+            requires_fields=frozenset({"rollout_log_probs"}),
             compatible_policy_loss_kinds=KINDS,
             conflicts_with_rollout_logprobs_as_old=True,
             conflicts_with=frozenset({"tis"}),

@@ -13,7 +13,8 @@ def relax_register_corrections():
         factory="relax_routing_replay.routing_replay:build",
         capabilities=CorrectionCapabilities(
             needs_moe_model=True,
-            needs_routed_experts=True,
+            requires_fields=frozenset({"routed_experts"}),
+            needs_routing_replay=True,
             compatible_policy_loss_kinds=frozenset({"*"}),
             order=0,
             supports_context_parallel=True,

@@ -13,7 +13,7 @@ experts stay differentiable.
 The work happens outside the loss: the engine records ``routed_experts [B, T, L, E]`` with
 :func:`relax_core.routing.record_routes` and the backend replays them with
 :func:`relax_core.routing.replay_routes` (both selected by this plugin's capabilities
-``needs_routed_experts``).  ``apply`` therefore returns the loss unchanged.
+``requires_fields={"routed_experts"}``, ``needs_routing_replay``).  ``apply`` therefore returns the loss unchanged.
 """
 
 from __future__ import annotations

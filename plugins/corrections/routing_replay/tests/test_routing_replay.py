@@ -25,7 +25,7 @@ def test_apply_returns_the_loss_unchanged():
 
 def test_capabilities():
     caps = relax_register_corrections()[0].capabilities_for()
-    assert caps.needs_moe_model and caps.needs_routed_experts and "*" in caps.compatible_policy_loss_kinds
+    assert caps.needs_moe_model and caps.needs_routing_replay and "routed_experts" in caps.requires_fields and "*" in caps.compatible_policy_loss_kinds
 
 
 def _dry_run(*args):
@@ -47,7 +47,7 @@ def test_dense_model_refused_moe_accepted(tmp_path):
     res = _dry_run("--model", str(moe))
     assert res.exit_code == 0, res.output
     res = _dry_run("--model", str(moe), "--train-backend", "megatron")  # no replay in that backend
-    assert res.exit_code == 2 and "[needs_routed_experts]" in res.output and "backend 'megatron'" in res.output
+    assert res.exit_code == 2 and "[needs_routing_replay]" in res.output and "backend 'megatron'" in res.output
     dense = tmp_path / "dense"
     dense.mkdir()
     (dense / "config.json").write_text(json.dumps({"model_type": "qwen3"}))

@@ -20,8 +20,7 @@ def relax_register_corrections():
         factory="relax_score_centering.score_centering:build",
         params=ScoreCenteringParams,
         capabilities=CorrectionCapabilities(
-            needs_rollout_log_probs=True,
-            needs_top_k_log_probs=True,
+            requires_fields=frozenset({"rollout_log_probs", "top_k_ids", "top_k_log_probs", "train_top_k_log_probs"}),
             compatible_policy_loss_kinds=frozenset({"reinforce"}),
             sampling=SamplingConstraints(temperature_positive=True, top_p_one=True, top_k_disabled=True,
                                          no_penalties=True),

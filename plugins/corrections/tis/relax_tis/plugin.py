@@ -28,7 +28,7 @@ class TISParams:
 def _capabilities(p: TISParams) -> CorrectionCapabilities:
     token = p.level == "token"
     return CorrectionCapabilities(
-        needs_rollout_log_probs=True,
+        requires_fields=frozenset({"rollout_log_probs"}),
         compatible_policy_loss_kinds=KINDS,
         conflicts_with_rollout_logprobs_as_old=True,
         # one importance weight per token: ICE-POP would weight twice; score centering needs

@@ -24,9 +24,7 @@ def relax_register_rollout_engines():
         params=HFEngineParams,
         capabilities=EngineCapabilities(
             devices=frozenset({"cpu", "cuda"}),
-            returns_log_probs=True,
-            returns_top_k_log_probs=True,
-            returns_routed_experts=True,
+            provides_fields=frozenset({"rollout_log_probs", "top_k_ids", "top_k_log_probs", "routed_experts"}),
             supports_weight_update=True,
             supports_sampling_penalties=True,
             supports_stop_strings=True,

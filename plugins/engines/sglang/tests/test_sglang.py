@@ -163,7 +163,7 @@ def test_capabilities_and_startup_validation():
 
     reg = load_registry()
     caps = reg.get("engine", "sglang").spec.capabilities_for()
-    assert caps.devices == frozenset({"cuda"}) and caps.returns_routed_experts and caps.returns_top_k_log_probs
+    assert caps.devices == frozenset({"cuda"}) and {"routed_experts", "top_k_log_probs"} <= caps.provides_fields
     _, problems = resolve(RunConfig(rollout_engine="sglang", device="cpu"), reg)
     assert any(p.constraint == "devices" and "sglang" in p.component for p in problems)
     _, problems = resolve(RunConfig(rollout_engine="sglang", device="cuda"), reg)

@@ -30,9 +30,7 @@ def relax_register_rollout_engines():
         params=VLLMParams,
         capabilities=EngineCapabilities(
             devices=frozenset({"cpu", "cuda"}),
-            returns_log_probs=True,
-            returns_top_k_log_probs=True,
-            returns_routed_experts=False,
+            provides_fields=frozenset({"rollout_log_probs", "top_k_ids", "top_k_log_probs"}),  # no routed experts
             supports_weight_update=True,
             supports_tensor_parallel=True,
             supports_sampling_penalties=True,
