@@ -157,6 +157,21 @@ def _parallel(flag: str, what: str, field: str) -> Callable[[Context, Any], str 
     return check
 
 
+#: Run options that only some estimators read (the PPO-clip block and reward-side KL): a
+#: non-default value with an estimator that does not list it in ``uses_options`` is refused,
+#: never silently ignored.
+SCOPED_OPTIONS = ("eps_clip", "eps_clip_high", "eps_clip_c", "kl_coef")
+
+
+def _unused_options(ctx: Context, caps: Any) -> str | None:
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(type(ctx.cfg))}
+    unused = [f"--{o.replace('_', '-')} {getattr(ctx.cfg, o)}" for o in SCOPED_OPTIONS
+              if getattr(ctx.cfg, o) != defaults[o] and o not in caps.uses_options]
+    return f"does not read {', '.join(unused)}: set, it would be a silent no-op" if unused else None
+
+
 def provided_fields(ctx: Context) -> set[str]:
     """The batch fields a run has: the core's and every engine's and backend's
     (:data:`relax_core.batch.ALWAYS_PROVIDED`), and what the selected engine and backend
@@ -227,9 +242,9 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(E, "forbids_per_token_loss", "no per-token loss", "Uses a per-sample reduction; refuses --calculate-per-token-loss.",
                lambda ctx, c: "uses a per-sample mean reduction; --calculate-per-token-loss is not supported" if c.forbids_per_token_loss and ctx.cfg.calculate_per_token_loss else None,
                "remove --calculate-per-token-loss"),
-    Capability(E, "uses_reward_side_kl", "reward KL", "Consumes reward-side --kl-coef (otherwise a non-zero --kl-coef is refused).",
-               lambda ctx, c: f"ignores reward-side KL, so --kl-coef {ctx.cfg.kl_coef} would be a silent no-op" if ctx.cfg.kl_coef != 0 and not c.uses_reward_side_kl else None,
-               "set --kl-coef 0; for a KL penalty use --use-kl-loss --kl-loss-coef C (reference: --ref-load, or the initial weights)"),
+    Capability(E, "uses_options", "reads", "Which options of the PPO-clip block (--eps-clip, --eps-clip-high, --eps-clip-c) and reward-side --kl-coef it reads; any other one set is refused.",
+               _unused_options,
+               "drop those flags (or set them to their defaults); for a KL penalty without reward-side KL use --use-kl-loss --kl-loss-coef C"),
     Capability(E, "requires_reward_side_kl", "needs reward KL", "Needs --kl-coef > 0 (KL shaped into the reward).",
                lambda ctx, c: "requires --kl-coef > 0 (KL is part of its shaped reward)" if c.requires_reward_side_kl and not ctx.cfg.kl_coef > 0 else None,
                "set --kl-coef, e.g. --kl-coef 0.01"),

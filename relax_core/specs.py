@@ -109,8 +109,11 @@ class EstimatorCapabilities:
     requires_per_token_loss: bool = False
     """Needs ``--calculate-per-token-loss`` (token-mean over the global batch)."""
     forbids_per_token_loss: bool = False
-    uses_reward_side_kl: bool = False
-    """Consumes ``--kl-coef``; otherwise a non-zero ``--kl-coef`` is refused."""
+    uses_options: frozenset[str] = frozenset()
+    """Which of the run options that only some estimators read it reads
+    (:data:`relax_core.capabilities.SCOPED_OPTIONS`: the PPO-clip block ``eps_clip``,
+    ``eps_clip_high``, ``eps_clip_c``, and the reward-side ``kl_coef``); any of them set to
+    a non-default value is refused with an estimator that does not list it."""
     requires_reward_side_kl: bool = False
     """Needs ``--kl-coef > 0`` (e.g. REINFORCE++'s shaped reward)."""
     required_kl_loss_type: str | None = None

@@ -180,7 +180,12 @@ def _check_capabilities(spec: ComponentSpec, params: Any) -> Any:
         require(isinstance(caps.min_group_size, int) and caps.min_group_size >= 1, "min_group_size must be an int >= 1")
         require(caps.kl_level in ("token", "sequence"), f"kl_level {caps.kl_level!r} not token|sequence")
         require(caps.policy_loss_kind != "undeclared", "policy_loss_kind is not declared (corrections refuse an undeclared kind)")
-        require(not (caps.requires_reward_side_kl and not caps.uses_reward_side_kl), "requires_reward_side_kl without uses_reward_side_kl")
+        require(not (caps.requires_reward_side_kl and "kl_coef" not in caps.uses_options),
+                "requires_reward_side_kl without kl_coef in uses_options")
+        from relax_core.capabilities import SCOPED_OPTIONS
+
+        require(set(caps.uses_options) <= set(SCOPED_OPTIONS),
+                f"uses_options {sorted(caps.uses_options)} names options outside {list(SCOPED_OPTIONS)}")
         require(all(isinstance(m, str) and m for m in caps.metrics), "metrics must be non-empty names")
     return caps
 

@@ -72,7 +72,17 @@ def test_min_group_size_and_reward_side_kl(registry_with):
     msgs = {p.constraint: p.message for p in problems}
     assert msgs["min_group_size"] == ("toy needs --n-samples-per-prompt >= 2 (got 1): its reward stage is "
                                       "undefined for a smaller group")
-    assert msgs["uses_reward_side_kl"] == "toy ignores reward-side KL, so --kl-coef 0.1 would be a silent no-op"
+    assert msgs["uses_options"] == "toy does not read --kl-coef 0.1: set, it would be a silent no-op"
+
+
+def test_an_option_no_selected_estimator_reads_is_refused(registry_with):
+    """The PPO-clip block and reward-side KL are refused when set for an estimator that does
+    not read them (issue 18.17: m2po and dapo ignored --eps-clip silently)."""
+    problems = _problems(registry_with(TOY), eps_clip=0.3, eps_clip_high=0.28, eps_clip_c=3.0)
+    msgs = {p.constraint: p.message for p in problems}
+    assert msgs["uses_options"] == ("toy does not read --eps-clip 0.3, --eps-clip-high 0.28, --eps-clip-c 3.0: set, "
+                                    "it would be a silent no-op")
+    assert "uses_options" not in {p.constraint for p in _problems(registry_with(TOY), eps_clip=0.2)}  # the default
 
 
 @pytest.mark.parametrize("cfg,messages", [

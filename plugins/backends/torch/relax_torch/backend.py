@@ -141,7 +141,7 @@ class TorchBackend:
                 (default ``--lr``).
             needs_top_k: compute log-probs at the batch's ``top_k_ids`` in ``train_step``.
             routing_replay: replay the batch's ``routed_experts`` in actor and reference
-                forwards (:mod:`relax_core.routing`).
+                forwards (:mod:`relax_routing_replay.routes`).
         """
         self.needs_top_k = needs_top_k
         self.routing_replay = routing_replay
@@ -224,7 +224,7 @@ class TorchBackend:
         routed = mb.routed_experts
         if not (self.routing_replay and role in ("actor", "ref") and routed is not None):
             return contextlib.nullcontext()
-        from relax_core.routing import replay_routes
+        from relax_routing_replay.routes import replay_routes
 
         positions = (p - 1 + torch.arange(t_eff))[None, :].expand(mb.size, t_eff)
         return replay_routes(self.models[role], routed[:, :t_eff].to(self.device), positions.to(self.device))

@@ -356,7 +356,7 @@ def test_routing_replay(tiny_moe_model_dir):
     """Forced routes (the complement of the natural top-2 of 4 experts) reach the right
     tokens: the batched, left-padded forward equals a per-sample replayed forward; the
     recomputation of gradient checkpointing replays them too."""
-    from relax_core.routing import record_routes, replay_routes
+    from relax_routing_replay.routes import record_routes, replay_routes
 
     be = make_backend(tiny_moe_model_dir, dtype="float32")  # grouped expert matmuls have no float64
     be.setup(routing_replay=True)

@@ -11,7 +11,7 @@ contributes 0.  The loss is **not** renormalised by the number of kept tokens (t
 reduction keeps its denominators), and PPO clipping still acts on r = p_θ/p_0
 independently.  Bias: E_q[w_ice f] − E_{p_0}[f] = −E_q[ρ f 1[ρ < L ∨ ρ > U]].  Where ρ = 4,
 TIS gives 2 and ICE-POP 0.  ρ is the token-level behaviour ratio of
-:func:`relax_core.importance.behaviour_log_ratio` (p_0/q for PPO kinds, sg(p_θ)/q for REINFORCE).
+:func:`relax_tis.importance.behaviour_log_ratio` (p_0/q for PPO kinds, sg(p_θ)/q for REINFORCE).
 
 Metrics share TIS's names; ``tis_clipfrac`` is the fraction of dropped tokens.
 """
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from relax_core.contracts import CorrectionInput, CorrectionOutput
-from relax_core.importance import band_weight, behaviour_log_ratio, check_bounds, level_log_ratio, mismatch_metrics
+from relax_tis.importance import band_weight, behaviour_log_ratio, check_bounds, level_log_ratio, mismatch_metrics
 
 
 class IcePop:

@@ -11,8 +11,8 @@ the engine's I_q in the training forward removes the second term; the gates g_i 
 experts stay differentiable.
 
 The work happens outside the loss: the engine records ``routed_experts [B, T, L, E]`` with
-:func:`relax_core.routing.record_routes` and the backend replays them with
-:func:`relax_core.routing.replay_routes` (both selected by this plugin's capabilities
+:func:`relax_routing_replay.routes.record_routes` and the backend replays them with
+:func:`relax_routing_replay.routes.replay_routes` (both selected by this plugin's capabilities
 ``requires_fields={"routed_experts"}``, ``needs_routing_replay``).  ``apply`` therefore returns the loss unchanged.
 """
 

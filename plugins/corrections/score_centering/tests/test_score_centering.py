@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from relax_core.contracts import CorrectionInput
-from relax_core.importance import band_weight, truncated_weight
+from relax_tis.importance import band_weight, truncated_weight
 from relax_score_centering.score_centering import ScoreCentering, build, head_residual
 from relax_score_centering.plugin import ScoreCenteringParams
 

@@ -10,8 +10,8 @@ per-token loss (after its own clipping) by the detached weight
 
 trading bias E_q[(w − ρ) f] for bounded variance.  ρ's numerator is the recomputed old
 policy p_0 for PPO-kind losses and the detached current policy for REINFORCE-kind losses
-(:func:`relax_core.importance.behaviour_log_ratio`); its level is token, sequence
-(Π_t ρ_t) or geometric ((Π_t ρ_t)^(1/n)), see :mod:`relax_core.importance`.
+(:func:`relax_tis.importance.behaviour_log_ratio`); its level is token, sequence
+(Π_t ρ_t) or geometric ((Π_t ρ_t)^(1/n)), see :mod:`relax_tis.importance`.
 
 Glossary: ρ = ``ratio``, w = ``weight``, q = ``rollout_log_probs``, p_0 = ``old_log_probs``.
 """
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from relax_core.contracts import CorrectionInput, CorrectionOutput
-from relax_core.importance import behaviour_log_ratio, check_bounds, level_log_ratio, mismatch_metrics, truncated_weight
+from relax_tis.importance import behaviour_log_ratio, check_bounds, level_log_ratio, mismatch_metrics, truncated_weight
 
 
 class TIS:

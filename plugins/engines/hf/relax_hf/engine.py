@@ -213,7 +213,7 @@ class HFEngine:
         if s.return_top_k > self.model.config.vocab_size:
             raise ValueError(f"return_top_k {s.return_top_k} exceeds the vocabulary {self.model.config.vocab_size}")
         if s.return_routed_experts:
-            from relax_core.routing import is_moe
+            from relax_routing_replay.routes import is_moe
 
             if not is_moe(self.model):
                 raise ValueError(f"routed experts asked from {type(self.model).__name__}, which is not a mixture-of-experts model")
@@ -255,7 +255,7 @@ class HFEngine:
         with contextlib.ExitStack() as stack:
             recorder = None
             if s.return_routed_experts:
-                from relax_core.routing import record_routes
+                from relax_routing_replay.routes import record_routes
 
                 recorder = stack.enter_context(record_routes(self.model))
             out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos,

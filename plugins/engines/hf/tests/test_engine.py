@@ -207,7 +207,7 @@ def test_bad_inputs(engine):
 
 
 def test_routed_experts_match_a_full_forward(tiny_moe_model_dir):
-    from relax_core.routing import record_routes
+    from relax_routing_replay.routes import record_routes
 
     eng = HFEngine(str(tiny_moe_model_dir), seed=0)
     prompts = [[1, 4093, 198, 1780, 314], [1, 520, 9531]]

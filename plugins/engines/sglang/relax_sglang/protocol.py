@@ -31,7 +31,7 @@ the sampling distribution.
 Routed experts.  Row ``j`` of the payload holds the experts chosen when token ``j`` of
 ``prompt ++ response`` was fed (``P + n - 1`` rows: the last token is never fed).  Relax's
 ``routed_experts[b, t]`` is the input position that predicts response token ``t``, i.e.
-row ``P - 1 + t`` (see :mod:`relax_core.routing`).
+row ``P - 1 + t`` (see :mod:`relax_routing_replay.routes`).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ class CISPOParams:
 
 
 CAPABILITIES = EstimatorCapabilities(
+    uses_options=frozenset({"eps_clip", "eps_clip_high"}),
     supports_context_parallel=True,  # token-local loss
     sync_only=False,
     supports_fully_async=True,  # the clipped IS weight corrects stale samples

@@ -102,7 +102,9 @@ def test_capabilities_and_recommendation_shown():
     assert "--eps-clip-high 10" in spec.summary
     reg = default_registry()
     cfg = build_config(cli={"advantage_estimator": "cispo", "kl_coef": 0.1}, param_schemas=reg.param_schemas())
-    assert "uses_reward_side_kl" in [p.constraint for p in resolve(cfg, reg)[1]]
+    assert "uses_options" in [p.constraint for p in resolve(cfg, reg)[1]]
+    cfg = build_config(cli={"advantage_estimator": "cispo", "eps_clip_c": 3.0}, param_schemas=reg.param_schemas())
+    assert "uses_options" in [p.constraint for p in resolve(cfg, reg)[1]]  # CISPO has no dual clip
 
 
 def test_contract():

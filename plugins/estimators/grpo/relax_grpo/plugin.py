@@ -24,6 +24,7 @@ def _capabilities(p: GRPOParams) -> EstimatorCapabilities:
         requires_complete_groups=True,
         allows_reward_post_processors=True,
         policy_loss_kind="reinforce" if p.pg_loss_type == "reinforce" else "ppo_clip",
+        uses_options=frozenset() if p.pg_loss_type == "reinforce" else frozenset({"eps_clip", "eps_clip_high", "eps_clip_c"}),
         metrics=("rollout/zero_std_group_frac",),
     )
 

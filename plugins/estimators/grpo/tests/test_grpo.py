@@ -40,7 +40,7 @@ def test_registered_with_capabilities():
     spec = _spec()
     caps = spec.capabilities_for()
     assert spec.factory == "relax_grpo.grpo:build"
-    assert caps.min_group_size == 2 and caps.policy_loss_kind == "ppo_clip" and not caps.uses_reward_side_kl
+    assert caps.min_group_size == 2 and caps.policy_loss_kind == "ppo_clip" and "kl_coef" not in caps.uses_options
     assert spec.capabilities_for(spec.params(pg_loss_type="reinforce")).policy_loss_kind == "reinforce"
 
 
@@ -156,8 +156,11 @@ def _problems(**cli):
 
 def test_startup_refuses_kl_coef_and_groups_of_one():
     probs = _problems(advantage_estimator="grpo", kl_coef=0.1)
-    assert [p.constraint for p in probs] == ["uses_reward_side_kl"]
-    assert "relax-grpo" in probs[0].component and "--kl-coef 0" in probs[0].fix
+    assert [p.constraint for p in probs] == ["uses_options"]
+    assert "relax-grpo" in probs[0].component and "--use-kl-loss" in probs[0].fix
+    assert [p.constraint for p in _problems(advantage_estimator="grpo", eps_clip=0.3)] == []
+    assert [p.constraint for p in _problems(advantage_estimator="grpo", eps_clip=0.3, **{"grpo.pg_loss_type": "reinforce"})] == [
+        "uses_options"]  # REINFORCE has no clip
     probs = _problems(advantage_estimator="grpo", n_samples_per_prompt=1)
     assert [p.constraint for p in probs] == ["min_group_size"]
     assert _problems(advantage_estimator="grpo") == []

@@ -13,6 +13,7 @@ class GSPOParams:
 
 
 CAPABILITIES = EstimatorCapabilities(
+    uses_options=frozenset({"eps_clip", "eps_clip_high", "eps_clip_c"}),
     # The ratio of a token depends on its whole sequence's log-ratios: a context-parallel
     # shard cannot compute it alone (not verified with all-reduced sums), so CP is refused.
     supports_context_parallel=False,

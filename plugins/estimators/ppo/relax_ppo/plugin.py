@@ -22,6 +22,7 @@ class PPOParams:
 
 
 CAPABILITIES = EstimatorCapabilities(
+    uses_options=frozenset({"eps_clip", "eps_clip_high", "eps_clip_c"}),
     supports_context_parallel=True,  # GAE runs on whole sequences; both losses are token-local
     sync_only=True,
     supports_fully_async=False,

@@ -106,7 +106,7 @@ def test_policy_loss_ppo_clip_dual_clip_and_bfloat16():
 def test_capabilities_declared():
     c = CAPABILITIES
     assert c.min_group_size == 2 and c.requires_complete_groups
-    assert not c.uses_reward_side_kl and c.requires_kl_loss and c.required_kl_loss_type == "k2"
+    assert "kl_coef" not in c.uses_options and c.requires_kl_loss and c.required_kl_loss_type == "k2"
     assert c.requires_normalize_advantages and c.requires_rewards_normalization and c.forbids_per_token_loss
     assert not c.allows_reward_post_processors and not c.supports_context_parallel and c.sync_only
     assert c.policy_loss_kind == "ppo_clip"
@@ -128,7 +128,7 @@ def test_cli_refuses_group_of_one_naming_capability_and_fix():
                                    "--normalize-advantages", "--use-kl-loss", "--kl-loss-coef", "0.01",
                                    "--kl-loss-type", "k3", "--kl-coef", "0.1", "--disable-rewards-normalization"])
     assert res.exit_code == 2
-    for cap in ("[required_kl_loss_type]", "[uses_reward_side_kl]", "[requires_rewards_normalization]"):
+    for cap in ("[required_kl_loss_type]", "[uses_options]", "[requires_rewards_normalization]"):
         assert cap in res.output
 
 

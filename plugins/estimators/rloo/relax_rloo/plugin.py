@@ -21,7 +21,6 @@ CAPABILITIES = EstimatorCapabilities(
     requires_rewards_normalization=True,
     forbids_normalize_advantages=True,
     requires_per_token_loss=True,
-    uses_reward_side_kl=False,
     policy_loss_kind="reinforce",
     allows_reward_post_processors=True,  # diagnostics are then omitted
     metrics=METRICS,

@@ -92,7 +92,7 @@ def test_capabilities_match_the_constraint_table():
     c = _spec().capabilities_for()
     assert c.sync_only and not c.supports_fully_async and c.min_group_size == 2
     assert c.requires_per_token_loss and c.requires_rewards_normalization and c.forbids_normalize_advantages
-    assert not c.uses_reward_side_kl and c.policy_loss_kind == "reinforce" and c.requires_complete_groups
+    assert not c.uses_options and c.policy_loss_kind == "reinforce" and c.requires_complete_groups
 
 
 def _problems(**cli):
@@ -111,7 +111,7 @@ def test_startup_refusals():
     assert "--fully-async" in probs[0].message and "--max-staleness 1" in probs[0].message
     cases = {"min_group_size": dict(n_samples_per_prompt=1, rollout_batch_size=32),
              "requires_per_token_loss": dict(calculate_per_token_loss=False),
-             "uses_reward_side_kl": dict(kl_coef=0.1),
+             "uses_options": dict(kl_coef=0.1),
              "forbids_normalize_advantages": dict(normalize_advantages=True),
              "requires_rewards_normalization": dict(disable_rewards_normalization=True)}
     for constraint, kw in cases.items():

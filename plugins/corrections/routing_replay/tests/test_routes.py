@@ -1,4 +1,4 @@
-"""relax_core.routing: MoE route recording during generation and replay (R3) in training.
+"""relax_routing_replay.routes: MoE route recording during generation and replay (R3) in training.
 
 A tiny random Qwen3-MoE (2 layers, 4 experts, top-2, hidden 32) builds in milliseconds.
 """
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
 
-from relax_core.routing import (  # noqa: E402
+from relax_routing_replay.routes import (  # noqa: E402
     GATE_RULES,
     PAD_EXPERT,
     is_moe,
@@ -122,7 +122,7 @@ def _perturb_near_boundary(model, seq):
 def _reference_forward(pert, rollout_model, seq):
     """A forward of ``pert`` whose last router selects with the rollout weights (identical
     inputs: the earlier layers are unchanged) and gates with its own: Qwen3-MoE's rule
-    written out here, independently of relax_core.routing."""
+    written out here, independently of relax_routing_replay.routes."""
     router, w_roll = moe_routers(pert)[-1], moe_routers(rollout_model)[-1].weight
 
     def forward(hidden_states):
