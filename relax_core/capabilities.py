@@ -342,7 +342,11 @@ def rows(kind: str) -> tuple[Capability, ...]:
 
 
 def matrix_kinds() -> list[str]:
-    return [E, C, G, B, P]
+    """The kinds that have capability rows, in :data:`relax_core.specs.KINDS` order."""
+    from relax_core.specs import KINDS
+
+    have = {c.kind for c in CAPABILITIES}
+    return [k.name for k in KINDS if k.name in have]
 
 
 def format_value(v: Any) -> str:

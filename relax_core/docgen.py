@@ -18,13 +18,10 @@ from pathlib import Path
 from relax_core.capabilities import format_value, rows
 from relax_core.config import config_fields, flag_of, param_flag
 from relax_core.plugins import Registry, default_registry
+from relax_core.specs import KINDS
 
-KIND_DIRS = {"estimator": "estimators", "correction": "corrections", "reward": "rewards",
-             "reward_processor": "reward-processors", "engine": "engines", "backend": "backends",
-             "data_source": "data-sources"}
-_KIND_TITLES = {"estimator": "Estimators", "correction": "Corrections", "reward": "Reward scorers",
-                "reward_processor": "Reward post-processors", "engine": "Rollout engines",
-                "backend": "Training backends", "data_source": "Data sources"}
+KIND_DIRS = {k.name: k.slug for k in KINDS}
+_KIND_TITLES = {k.name: k.title for k in KINDS}
 
 
 #: The hand-written guide section each kind's pages point to (paths relative to the page).

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import pluggy
 
+from relax_core.specs import KINDS
+
 PROJECT = "relax"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -64,13 +66,5 @@ def relax_register_data_sources() -> list:
     readers).  Called once per process when the registry is built."""
 
 
-#: hook name -> spec kind it returns
-HOOK_KINDS = {
-    "relax_register_estimators": "estimator",
-    "relax_register_corrections": "correction",
-    "relax_register_reward_scorers": "reward",
-    "relax_register_reward_processors": "reward_processor",
-    "relax_register_rollout_engines": "engine",
-    "relax_register_train_backends": "backend",
-    "relax_register_data_sources": "data_source",
-}
+#: hook name -> spec kind it returns (from :data:`relax_core.specs.KINDS`)
+HOOK_KINDS = {k.hook: k.name for k in KINDS}

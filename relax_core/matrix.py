@@ -6,13 +6,12 @@ from typing import Any
 
 from relax_core.capabilities import format_value, matrix_kinds, rows
 from relax_core.plugins import Registry
-
-_TITLES = {"estimator": "Estimators", "correction": "Corrections", "engine": "Rollout engines",
-           "backend": "Training backends", "reward_processor": "Reward post-processors"}
-
+from relax_core.specs import KIND
 
 #: every component kind, in the order of the matrix
-KINDS = tuple(matrix_kinds()) + ("reward", "data_source")
+KINDS = tuple(KIND)
+#: the kinds with capability rows, and their table titles
+_TITLES = {k: KIND[k].title for k in matrix_kinds()}
 
 
 def _kinds(kind: str | None) -> list[str]:

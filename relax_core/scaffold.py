@@ -13,7 +13,9 @@ import re
 from pathlib import Path
 from string import Template
 
-KINDS = ("estimator", "correction", "reward", "reward_processor", "engine", "backend")
+from relax_core.specs import KINDS as SPEC_KINDS
+
+KINDS = tuple(k.name for k in SPEC_KINDS if k.scaffold)
 
 _PYPROJECT = Template('''\
 [build-system]
@@ -487,9 +489,7 @@ def test_penalty_by_hand():
     "backend": "",
 }
 
-_HOOKS = {"estimator": "relax_register_estimators", "correction": "relax_register_corrections",
-          "reward": "relax_register_reward_scorers", "reward_processor": "relax_register_reward_processors",
-          "engine": "relax_register_rollout_engines", "backend": "relax_register_train_backends"}
+_HOOKS = {k.name: k.hook for k in SPEC_KINDS}
 _IMPL_NAMES = {"estimator": "estimator", "correction": "correction", "reward": "scorer",
                "reward_processor": "processor", "engine": "engine", "backend": "backend"}
 

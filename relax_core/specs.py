@@ -345,8 +345,39 @@ class DataSourceSpec(ComponentSpec):
     scheme: str
 
 
-SPEC_TYPES: dict[str, type[ComponentSpec]] = {
-    cls.kind: cls
-    for cls in (EstimatorSpec, CorrectionSpec, RewardScorerSpec, RewardProcessorSpec,
-                EngineSpec, BackendSpec, DataSourceSpec)
-}
+@dataclass(frozen=True)
+class Kind:
+    """One kind of component: the one place that names it.  The hooks, the plugin loader,
+    the capability matrix, the generated docs, the scaffold and the CLI all read
+    :data:`KINDS`.
+
+    Attributes:
+        name: the kind (``spec.kind``), e.g. ``"reward_processor"``.
+        spec_type: its spec class.
+        hook: the registration hook returning its specs.
+        title: the plural heading in docs and tables.
+        slug: the docs folder (``docs/components/<slug>/``).
+        scaffold: ``relax plugins new --kind`` can write one.
+    """
+
+    name: str
+    spec_type: type
+    hook: str
+    title: str
+    slug: str
+    scaffold: bool = True
+
+
+#: Every component kind, in the order tables and docs list them.
+KINDS: tuple[Kind, ...] = (
+    Kind("estimator", EstimatorSpec, "relax_register_estimators", "Estimators", "estimators"),
+    Kind("correction", CorrectionSpec, "relax_register_corrections", "Corrections", "corrections"),
+    Kind("engine", EngineSpec, "relax_register_rollout_engines", "Rollout engines", "engines"),
+    Kind("backend", BackendSpec, "relax_register_train_backends", "Training backends", "backends"),
+    Kind("reward_processor", RewardProcessorSpec, "relax_register_reward_processors", "Reward post-processors",
+         "reward-processors"),
+    Kind("reward", RewardScorerSpec, "relax_register_reward_scorers", "Reward scorers", "rewards"),
+    Kind("data_source", DataSourceSpec, "relax_register_data_sources", "Data sources", "data-sources", scaffold=False),
+)
+KIND: dict[str, Kind] = {k.name: k for k in KINDS}
+SPEC_TYPES: dict[str, type[ComponentSpec]] = {k.name: k.spec_type for k in KINDS}

@@ -142,3 +142,21 @@ def test_installed_plugins_all_load():
     broken = [f"{p.name} ({p.dist} {p.version}): {p.error}" for p in reg.plugins if p.status != "ok"]
     assert broken == [] and reg.problems == []
     assert "grpo" in reg.names("estimator")  # the default estimator is installed
+
+
+def test_every_kind_is_named_once_and_has_its_hook():
+    """specs.KINDS is the one list of kinds: each has a documented hookspec and a spec type
+    of that kind, and the loader, matrix, docs and scaffold read it."""
+    from relax_core import hookspecs
+    from relax_core.docgen import KIND_DIRS
+    from relax_core.matrix import KINDS as MATRIX_KINDS
+    from relax_core.scaffold import KINDS as SCAFFOLD_KINDS
+    from relax_core.specs import KINDS
+
+    hooks = {name for name in dir(hookspecs) if name.startswith("relax_register_")}
+    assert hooks == {k.hook for k in KINDS}
+    for k in KINDS:
+        assert k.spec_type.kind == k.name and getattr(hookspecs, k.hook).__doc__
+    names = [k.name for k in KINDS]
+    assert list(MATRIX_KINDS) == names and list(KIND_DIRS) == names
+    assert set(SCAFFOLD_KINDS) == set(names) - {"data_source"}
