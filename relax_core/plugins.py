@@ -272,6 +272,14 @@ def load_registry(
                        f"RELAX_DISABLE_PLUGINS={info.name}")
                 reg.problems.append(msg)
                 continue
+            clash = next((r for k, comps in reg.components.items() if k != kind and (r := comps.get(spec.name))
+                          and r.spec.params is not None), None)
+            if clash is not None and spec.params is not None:
+                msg = (f"{kind} '{spec.name}' ({info.dist} {info.version}) and {clash.spec.kind} '{spec.name}' "
+                       f"({clash.plugin.dist} {clash.plugin.version}) both take parameters, which flags and YAML "
+                       f"address by component name: rename one, or disable one with RELAX_DISABLE_PLUGINS={info.name}")
+                reg.problems.append(msg)
+                continue
             reg.components[kind][spec.name] = Registered(spec, info)
             info.components.append((kind, spec.name))
     pm.check_pending()  # safety net: _check_hooks already refused unknown hooks

@@ -1,7 +1,9 @@
 """The plugin host: broken plugins, duplicates, selection by environment, hook checks."""
 
+import dataclasses
+
 import pytest
-from relax_core_test_toys import BASE_CAPS, estimator, make_plugin
+from relax_core_test_toys import BASE_CAPS, ToyParams, estimator, make_plugin
 
 from relax_core import EstimatorSpec, hookimpl
 from relax_core.config import RunConfig
@@ -46,6 +48,23 @@ def test_duplicate_name_names_both_distributions(registry_with):
     with pytest.raises(PluginError, match="registered by two distributions"):
         load_registry([("a", make_plugin(estimator()), "relax-toy", "1"), ("b", make_plugin(estimator()), "relax-fork", "1")],
                       entry_points=False, strict=True)
+
+
+def test_components_of_two_kinds_sharing_a_name_may_not_both_take_parameters(registry_with):
+    """Flags and YAML address plugin parameters by component name (``--toy-beta``,
+    ``toy: {beta: ...}``): an estimator and a scorer both named 'toy' would share them."""
+    from relax_core import RewardScorerSpec
+
+    scorer = RewardScorerSpec(name="toy", summary="toy scorer", source="tests", factory="m:f", params=ToyParams)
+    reg = registry_with(("a", make_plugin(estimator(caps=BASE_CAPS)), "relax-toy", "1.0"),
+                        ("b", make_plugin(scorer), "relax-toy-reward", "2.0"))
+    assert reg.problems == [
+        "reward 'toy' (relax-toy-reward 2.0) and estimator 'toy' (relax-toy 1.0) both take parameters, which flags "
+        "and YAML address by component name: rename one, or disable one with RELAX_DISABLE_PLUGINS=b"]
+    assert reg.names("reward") == []
+    plain = dataclasses.replace(scorer, params=None)  # without parameters the names do not clash
+    assert registry_with(("a", make_plugin(estimator(caps=BASE_CAPS)), "relax-toy", "1.0"),
+                         ("b", make_plugin(plain), "relax-toy-reward", "2.0")).problems == []
 
 
 @pytest.mark.parametrize("var,value,loaded", [
