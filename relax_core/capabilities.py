@@ -330,6 +330,9 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(B, "supports_gradient_checkpointing", "grad ckpt", "Activation recomputation.",
                lambda ctx, c: "does not support --gradient-checkpointing" if ctx.cfg.gradient_checkpointing and not c.supports_gradient_checkpointing else None,
                "remove --gradient-checkpointing"),
+    Capability(B, "supports_token_budget", "token budget", "Packs micro-batches to --max-tokens-per-micro-batch.",
+               lambda ctx, c: f"cannot pack micro-batches by tokens, so --max-tokens-per-micro-batch {ctx.cfg.max_tokens_per_micro_batch} would be ignored" if ctx.cfg.max_tokens_per_micro_batch and not c.supports_token_budget else None,
+               "use --micro-batch-size N instead"),
     Capability(B, "requires", "needs", "Conditions of its capabilities (`capability:cuda` needs a CUDA device, `capability:module` that module); checked by the rows above."),
     # ---------------------------------------------------------------- reward processors
     Capability(P, "allowed_with_strict_estimators", "keeps raw signal", "May be combined with estimators that forbid post-processors."),

@@ -201,6 +201,9 @@ class BackendCapabilities:
     """Batch fields its forward gives beyond ``log_probs`` and ``entropy``, e.g.
     ``train_top_k_log_probs`` (log-probs at the engine's top-k ids)."""
     supports_gradient_checkpointing: bool = False
+    supports_token_budget: bool = False
+    """Packs micro-batches to ``--max-tokens-per-micro-batch`` padded tokens (otherwise the
+    flag is refused rather than ignored)."""
     requires: frozenset[str] = frozenset()
     """Conditions of declared capabilities, as ``"<capability field>:<requirement>"``; a
     requirement is ``cuda`` (a CUDA device) or the name of a module that must be importable,

@@ -28,5 +28,6 @@ def relax_register_train_backends():
             supports_routing_replay=False,
             provides_fields=frozenset({"train_top_k_log_probs"}),
             supports_gradient_checkpointing=False,
+            supports_token_budget=False,  # micro-batches of --micro-batch-size samples only
         ),
     )]

@@ -97,3 +97,18 @@ def test_refused_combinations_name_the_capability():
     assert any("does not support it" in p.message or "routing replay" in p.message for p in problems), problems
     _, problems = resolve(RunConfig(train_backend="megatron", advantage_estimator="ppo"), reg)
     assert any(p.constraint == "needs_critic" and "megatron" in p.message for p in problems), problems
+
+
+def test_a_token_budget_it_cannot_honour_is_refused():
+    """megatron micro-batches by --micro-batch-size only: --max-tokens-per-micro-batch is
+    refused at startup instead of being ignored (issue 17)."""
+    from relax_core.config import RunConfig
+    from relax_core.plugins import default_registry
+    from relax_core.validation import resolve
+
+    _, problems = resolve(RunConfig(train_backend="megatron", max_tokens_per_micro_batch=4096), default_registry())
+    hit = [p for p in problems if p.constraint == "supports_token_budget"]
+    assert len(hit) == 1 and "--max-tokens-per-micro-batch 4096 would be ignored" in hit[0].message
+    assert "--micro-batch-size" in hit[0].fix
+    _, problems = resolve(RunConfig(max_tokens_per_micro_batch=4096), default_registry())  # torch packs
+    assert not [p for p in problems if p.constraint == "supports_token_budget"]
