@@ -61,6 +61,7 @@ import multiprocessing as mp
 import numbers
 import os
 import pickle
+import signal
 import threading
 import time
 import traceback
@@ -250,7 +251,13 @@ def _worker_main(conn: Any, payload: bytes) -> None:
     Messages out: ``("ready",)`` / ``("fatal", text)`` once, then per sample
     ``("start", i)`` (the timed call begins) and ``("done", i, reward)`` or
     ``("error", i, text)``.
+
+    A terminal's Ctrl-C sends SIGINT to the whole foreground process group, workers
+    included: a worker ignores it (the parent finishes the step with every sample scored,
+    then stops the workers).  It is already ignored while the worker starts (see
+    :meth:`ScoringPool._start`); setting it here covers a pool started off the main thread.
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = mp.parent_process()
     if parent is not None:  # a worker stuck in a scorer must not outlive a killed trainer
         threading.Thread(target=lambda: (parent.join(), os._exit(0)), daemon=True).start()
@@ -278,6 +285,10 @@ def _worker_main(conn: Any, payload: bytes) -> None:
             conn.send(("done", i, _as_reward(fn(response, label, metadata))))
         except Exception as e:  # noqa: BLE001
             conn.send(("error", i, f"{type(e).__name__}: {e}"))
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 @dataclass
@@ -318,7 +329,15 @@ class ScoringPool:
         parent, child = self._ctx.Pipe()
         p = self._ctx.Process(target=_worker_main, args=(child, self._payload), daemon=True,
                               name="relax-reward-worker")
-        p.start()
+        # the child inherits an ignored SIGINT across spawn's exec (Python keeps it ignored at
+        # start-up), so a Ctrl-C while it imports cannot kill it; for the parent the change
+        # lasts only the fork+exec of p.start() (milliseconds)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+        try:
+            p.start()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
         child.close()
         return _Worker(p, parent, deadline=time.monotonic() + STARTUP_TIMEOUT)
 
