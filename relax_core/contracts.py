@@ -424,8 +424,12 @@ class TrainBackend(Protocol):
 
     def engine_state_dict(self) -> Any: ...
 
-    def save_checkpoint(self, path: str) -> None: ...
+    def save_checkpoint(self, path: str, include_optimizer: bool = True) -> None:
+        """Write the trained roles' weights (and, unless ``include_optimizer`` is False,
+        their optimizer states) under ``path``."""
 
-    def load_checkpoint(self, path: str) -> None: ...
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote; a checkpoint without optimizer state
+        leaves the optimizer freshly initialised (the step counts are restored)."""
 
     def save_hf(self, path: str) -> None: ...
