@@ -32,6 +32,7 @@ import torch
 from relax_core import checkpoint as ckpt
 from relax_core.contracts import AdvantageInput, RewardBatch, RolloutBatch, SamplingParams, TrainBatch
 from relax_core.data import DataCursor, Dataset, encode_prompts
+from relax_core.interrupts import RunAborted
 from relax_core.loss import ActorLoss, CriticLoss, LossSettings, global_denominators
 from relax_core.metrics import MetricsLogger, rewrite_metrics
 from relax_core.rewarding import apply_processors
@@ -467,19 +468,25 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save(self) -> Path:
+    def checkpoint_state(self) -> dict:
+        """The JSON-able loop state a checkpoint stores (``trainer_state.json``)."""
         s = self.state
-        return ckpt.save_checkpoint(self.ckpt_dir, s.step, self.c.backend, {
-            "step": s.step, "cursor": self.cursor.state(), "consecutive_skipped": s.consecutive_skipped,
-            "skipped_steps": s.skipped_steps, "history": s.history})
+        return {"step": s.step, "cursor": self.cursor.state(), "data": self.data.fingerprint,
+                "consecutive_skipped": s.consecutive_skipped, "skipped_steps": s.skipped_steps, "history": s.history}
+
+    def save(self, include_optimizer: bool = True) -> Path:
+        """Checkpoint the current step (``--keep-checkpoints`` kept); raises
+        :class:`~relax_core.checkpoint.CheckpointError` when the write fails."""
+        return ckpt.save_checkpoint(self.ckpt_dir, self.state.step, self.c.backend, self.checkpoint_state(),
+                                    keep=self.cfg.keep_checkpoints, include_optimizer=include_optimizer)
 
     def restore(self) -> bool:
-        """Load the newest checkpoint (``--resume``); push its weights to the engine."""
+        """Load the newest complete checkpoint (``--resume``); push its weights to the engine."""
         path = ckpt.latest_checkpoint(self.ckpt_dir)
         if path is None:
             return False
         ts = ckpt.load_checkpoint(path, self.c.backend)
-        self.cursor.load(ts["cursor"])
+        self.cursor.load(ts["cursor"], allow_other_data=self.cfg.resume_allow_data_change)
         self.state = LoopState(step=ts["step"], consecutive_skipped=ts["consecutive_skipped"],
                                skipped_steps=ts["skipped_steps"], history=ts["history"])
         rewrite_metrics(self.run_dir, self.state.history)
@@ -491,7 +498,7 @@ class Trainer:
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         if self._interrupted:  # second Ctrl-C: stop now
-            raise KeyboardInterrupt
+            raise RunAborted
         self._interrupted = True
         if self.log:
             self.log.message("interrupt: finishing this step, then saving a checkpoint (Ctrl-C again to abort)")
@@ -534,13 +541,15 @@ class Trainer:
                     path = self.save()
                     self.log.message(f"interrupted: checkpoint saved to {path}; continue with --resume")
                     return EXIT_INTERRUPTED
-                if cfg.save_interval and step % cfg.save_interval == 0:
+                if cfg.save_interval and step % cfg.save_interval == 0 and step < cfg.num_rollout:
                     self.save()
-            self.save()
+            self.save(include_optimizer=False)  # a completed run: the optimizer state is not needed
             if cfg.save_hf:
                 final = self.run_dir / "final"
                 self.c.backend.save_hf(str(final))
                 self.tokenizer.save_pretrained(str(final))
+                if cfg.save_hf_dtype == "bfloat16":
+                    ckpt.convert_hf_dtype(final, torch.bfloat16)
                 self.log.message(f"final model (Hugging Face format): {final}")
         finally:
             if previous is not None:

@@ -231,12 +231,11 @@ class AsyncTrainer(RayTrainer):
             self.c.engine.push_posted()
             return super().evaluate(step)
 
-    def save(self) -> Any:
-        s = self.state
-        cursor = self._trained_cursor if self._trained_cursor is not None else self.cursor.state()
-        return ckpt.save_checkpoint(self.ckpt_dir, s.step, self.c.backend, {
-            "step": s.step, "cursor": cursor, "consecutive_skipped": s.consecutive_skipped,
-            "skipped_steps": s.skipped_steps, "history": s.history})
+    def checkpoint_state(self) -> dict:
+        state = super().checkpoint_state()
+        if self._trained_cursor is not None:
+            state["cursor"] = self._trained_cursor
+        return state
 
     def run(self) -> int:
         try:
