@@ -284,7 +284,9 @@ class RewardBatch:
         truncated: bool ``[B]``.
         responses: the response texts.
         keep: bool ``[B]`` samples to train on (a filter clears whole groups).
-        metrics: scalar metrics the processors add.
+        metrics: scalar metrics the processors add, each a mean over this batch (a
+            fraction or an average per sample or per group); a step of several
+            oversampling rounds reports their mean over the rounds (:func:`relax_core.rewarding.mean_over_rounds`).
     """
 
     rewards: Tensor

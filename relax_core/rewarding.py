@@ -517,6 +517,20 @@ def score_batch(scorer: Any, responses: Sequence[str], labels: Sequence[Any],
 # --------------------------------------------------------------------------- post-processing
 
 
+def mean_over_rounds(rounds: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The post-processors' metrics of a whole step from those of its oversampling rounds.
+
+    Every round post-processes a freshly generated batch of the same size
+    (``--rollout-batch-size`` prompts × ``--n-samples-per-prompt``), and processor metrics
+    are means over their batch (:class:`~relax_core.contracts.RewardBatch`), so the mean over
+    the rounds is the metric over every sample (or group) generated in the step: e.g.
+    ``rollout/filtered_group_frac`` = groups dropped in the step / groups generated in it.
+    A metric that only some rounds report is averaged over those.
+    """
+    keys = {k for r in rounds for k in r}
+    return {k: sum(r[k] for r in rounds if k in r) / sum(1 for r in rounds if k in r) for k in sorted(keys)}
+
+
 def apply_processors(processors: Sequence[Any], batch: RewardBatch) -> RewardBatch:
     """Apply reward post-processors in order (``--reward-processor``, repeatable).
 

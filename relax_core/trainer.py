@@ -35,7 +35,7 @@ from relax_core.data import DataCursor, Dataset, encode_prompts
 from relax_core.interrupts import RunAborted
 from relax_core.loss import ActorLoss, CriticLoss, LossSettings, global_denominators
 from relax_core.metrics import MetricsLogger, rewrite_metrics
-from relax_core.rewarding import apply_processors
+from relax_core.rewarding import apply_processors, mean_over_rounds
 from relax_core.numerics import ZERO_STD_TOL, group_stats, masked_normalize
 
 OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, OLD_LOGP_ROLLOUT = 0, 1, 2
@@ -300,6 +300,7 @@ class Trainer:
         generated: list[RolloutBatch] = []
         metrics: dict[str, float] = {"rollout/reward_errors": 0.0, "rollout/reward_timeouts": 0.0}
         n_groups, gen_tokens, t_gen = 0, 0, 0.0
+        proc_rounds: list[dict[str, float]] = []
         for r in range(rounds):
             t0 = time.monotonic()
             if cfg.load_debug_rollout_data:
@@ -321,11 +322,12 @@ class Trainer:
                 save_rollout(Path(cfg.save_debug_rollout_data), step, batch)
             generated.append(batch)
             batch, proc_metrics = self.post_process(batch)
-            metrics.update(proc_metrics)
+            proc_rounds.append(proc_metrics)
             kept.append(batch)
             n_groups += int(torch.unique(batch.group_index).numel()) if batch.size else 0
             if n_groups >= cfg.rollout_batch_size or cfg.load_debug_rollout_data:
                 break
+        metrics.update(mean_over_rounds(proc_rounds))  # the whole step, not its last round
         batch = concat([b for b in kept if b.size] or kept[:1], self.tokenizer.pad_token_id or 0)
         if n_groups > cfg.rollout_batch_size:  # keep the first rollout_batch_size groups
             first = set(torch.unique(batch.group_index).tolist()[: cfg.rollout_batch_size])

@@ -195,7 +195,16 @@ class _DropGroups:
     """Keeps only groups whose index is odd (a stand-in for a dynamic-sampling filter)."""
 
     def process(self, rb):
-        return rb.replace(keep=rb.group_index % 2 == 1, metrics={"filter/kept": float((rb.group_index % 2 == 1).sum())})
+        return rb.replace(keep=rb.group_index % 2 == 1, metrics={"filter/kept_frac": float((rb.group_index % 2 == 1).float().mean())})
+
+
+class _DropFirstRound:
+    """Drops every group of a step's first round (groups (step·3 + round)·2 + j, with
+    --rollout-batch-size 2 and 3 rounds), keeps the later rounds' groups."""
+
+    def process(self, rb):
+        first = (rb.group_index // 2) % 3 == 0
+        return rb.replace(keep=~first, metrics={"rollout/filtered_group_frac": float(first.float().mean())})
 
 
 class _DropAll:
@@ -210,7 +219,18 @@ def test_filtering_processor_with_oversampling_fills_the_batch(tmp_path):
     recs = read_metrics(tmp_path / "runs" / "r")
     # each round keeps 1 of 2 groups: two rounds give the 2 groups × 4 samples to train on
     assert [r["rollout/num_samples"] for r in recs] == [8.0, 8.0]
-    assert "filter/kept" in recs[0] and math.isfinite(recs[0]["train/loss"])
+    assert recs[0]["filter/kept_frac"] == 0.5 and math.isfinite(recs[0]["train/loss"])
+
+
+def test_processor_metrics_report_the_whole_step_across_oversampling_rounds(tmp_path):
+    """Round 1 drops both its groups, round 2 none: 2 of the step's 4 groups were filtered.
+    Before the fix the step reported the last round only (0.0)."""
+    tr, _ = make_trainer(tmp_path, num_rollout=2, rollout_batch_size=2, max_oversampling_rounds=2)
+    tr.c.processors, tr.c.processor_resamples = [_DropFirstRound()], True
+    assert tr.run() == EXIT_OK
+    recs = read_metrics(tmp_path / "runs" / "r")
+    assert [r["rollout/filtered_group_frac"] for r in recs] == [0.5, 0.5]
+    assert [r["rollout/num_samples"] for r in recs] == [8.0, 8.0]
 
 
 def test_a_step_whose_samples_are_all_filtered_out_trains_nothing(tmp_path):
