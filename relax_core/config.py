@@ -144,7 +144,7 @@ class RunConfig:
     save_interval: int = opt(0, "Checkpoint every N steps (0 = only at the end and on SIGINT).", ge=0, group="output")
     keep_checkpoints: int = opt(2, "Keep the newest N complete checkpoints (older ones are removed once their successor is complete).", ge=1, group="output")
     resume: bool = opt(False, "Resume from the newest complete checkpoint of the run directory, with its saved config.json as the base (flags given now override it).", group="output")
-    resume_allow_data_change: bool = opt(False, "With --resume: accept training data that differ from the checkpoint's (the data position carries over as far as it fits).", group="output")
+    resume_allow_data_change: bool = opt(False, "With --resume: accept training data whose rows differ from the checkpoint's (same row count: the data position carries over; another row count: the new data are read from their start).", group="output")
     force: bool = opt(False, "Start a fresh run in a run directory that already holds one, deleting its checkpoints, metrics, samples and final model.", group="output")
     save_hf: bool = opt(True, "Save the final model in Hugging Face format.", group="output")
     save_hf_dtype: str = opt("train", "dtype of the final model: 'train' (the training dtype) or 'bfloat16' (half the size of float32).", choices=("train", "bfloat16"), group="output")
