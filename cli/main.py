@@ -52,6 +52,7 @@ def main(version: bool = typer.Option(False, "--version", callback=_version_call
 def train(ctx: typer.Context) -> None:
     """Train (or with --dry-run, validate).  `relax train --help` lists every flag."""
     from relax_core.config import ConfigError, build_config, load_yaml, parse_cli
+    from relax_core.resume import resume_config
     from relax_core.validation import resolve
 
     reg = _registry()
@@ -61,6 +62,8 @@ def train(ctx: typer.Context) -> None:
         yaml_values = load_yaml(config_path) if config_path else {}
         cfg = build_config(cli=cli, yaml_values=yaml_values, param_schemas=schemas,
                            yaml_source=config_path or "config")
+        cfg = resume_config(cfg, cli=cli, yaml_values=yaml_values, param_schemas=schemas,
+                            yaml_source=config_path or "config")
     except ConfigError as e:
         _print_problems([f"config: {p}" for p in e.problems])
         raise typer.Exit(2)
@@ -68,10 +71,16 @@ def train(ctx: typer.Context) -> None:
     if problems:
         _print_problems([str(p) for p in problems])
         raise typer.Exit(2)
+    from relax_core.launch import BadInput, launch, preflight
+
     if ns.dry_run:
+        try:  # everything a real run checks before its first model loads, data included
+            preflight(cfg, resolved, reg)
+        except BadInput as e:
+            _print_problems([str(e)])
+            raise typer.Exit(2)
         _print_dry_run(cfg, resolved, reg)
         return
-    from relax_core.launch import launch
 
     raise typer.Exit(launch(cfg, resolved, reg))
 

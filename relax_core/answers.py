@@ -21,6 +21,8 @@ import re
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _LINE_RE = re.compile(r"(?i)\banswer\s*:[ \t]*([^\n]*)")
+# markdown emphasis markers at either end of an answer (a lone "_" or "*" inside is math)
+_EMPHASIS_RE = re.compile(r"^(?:\*+|_{2,})\s*|\s*(?:\*+|_{2,})$")
 _TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
 # a number: optional sign (not a binary minus: "5-3" holds 5 and 3), optional dollar,
 # thousands-grouped or plain digits, optional decimals
@@ -85,17 +87,22 @@ def gsm8k_final(text: str) -> str | None:
 
 
 def strip_math(answer: str) -> str:
-    """Remove what wraps a final answer: ``$...$``, ``\\(...\\)``, ``\\[...\\]``,
-    ``\\text{...}`` around the whole answer and a trailing full stop."""
-    s = answer.strip().rstrip(".").strip()
-    for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
-        if len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right):
-            s = s[len(left):len(s) - len(right)].strip()
-            break
-    m = _TEXT_RE.fullmatch(s)
-    if m:
-        s = m.group(1).strip()
-    return s.rstrip(".").strip()
+    """Remove what wraps a final answer: markdown emphasis (``**73**``, ``*73*``, ``__73__``,
+    and the stray ``**`` of ``**Answer:** 73``), ``$...$``, ``\\(...\\)``, ``\\[...\\]``,
+    ``\\text{...}`` around the whole answer and a trailing full stop, in any nesting
+    (``**$73$**.`` → ``73``)."""
+    s, previous = answer, None
+    while s != previous:
+        previous = s
+        s = _EMPHASIS_RE.sub("", s.strip().rstrip(".").strip())
+        for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+            if len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right):
+                s = s[len(left):len(s) - len(right)].strip()
+                break
+        m = _TEXT_RE.fullmatch(s)
+        if m:
+            s = m.group(1).strip()
+    return s
 
 
 def parse_number(answer: str | int | float) -> float | None:
@@ -115,6 +122,20 @@ def parse_number(answer: str | int | float) -> float | None:
         return None
     v = float(re.sub(r"[\s,$\\]", "", s).replace("−", "-"))
     return v if math.isfinite(v) else None
+
+
+def integer_value(answer: str | int) -> int | None:
+    """The exact integer an answer states when it is written as a plain integer (``"1,000,001"``,
+    ``"$-3$"``, ``42``), else ``None`` (decimals, fractions, words).  Integers compare exactly:
+    a relative tolerance would call 1000000 and 1000001 equal."""
+    if isinstance(answer, bool):
+        return None
+    if isinstance(answer, int):
+        return answer
+    s = strip_math(str(answer))
+    if not _FULL_NUMBER_RE.match(s) or "." in s:
+        return None
+    return int(re.sub(r"[\s,$\\]", "", s).replace("−", "-"))
 
 
 def last_number(text: str) -> str | None:

@@ -220,7 +220,9 @@ class RewardBatch:
         truncated: bool ``[B]``.
         responses: the response texts.
         keep: bool ``[B]`` samples to train on (a filter clears whole groups).
-        metrics: scalar metrics the processors add.
+        metrics: scalar metrics the processors add, each a mean over this batch (a
+            fraction or an average per sample or per group); a step of several
+            oversampling rounds reports their mean over the rounds (:func:`relax_core.rewarding.mean_over_rounds`).
     """
 
     rewards: Tensor
@@ -331,8 +333,12 @@ class TrainBackend(Protocol):
 
     def engine_state_dict(self) -> Any: ...
 
-    def save_checkpoint(self, path: str) -> None: ...
+    def save_checkpoint(self, path: str, include_optimizer: bool = True) -> None:
+        """Write the trained roles' weights (and, unless ``include_optimizer`` is False,
+        their optimizer states) under ``path``."""
 
-    def load_checkpoint(self, path: str) -> None: ...
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote; a checkpoint without optimizer state
+        leaves the optimizer freshly initialised (the step counts are restored)."""
 
     def save_hf(self, path: str) -> None: ...

@@ -21,6 +21,7 @@ state (epoch, position) is saved in checkpoints, so a resumed run repeats no pro
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from dataclasses import dataclass, field
@@ -42,6 +43,9 @@ class Dataset:
     rows: list[dict]
     skipped: int = 0
     problems: list[str] = field(default_factory=list)
+    fingerprint: dict | None = None
+    """``{"source", "rows", "sha256"}`` (:func:`data_fingerprint`), set by :func:`load_dataset`;
+    stored in checkpoints so that ``--resume`` can refuse other data."""
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -161,7 +165,12 @@ def load_dataset(source: str, cfg: Any, registry: Any = None) -> Dataset:
     if sep and scheme == GSM8K_SCHEME:
         ds = _from_file(Path(rest).expanduser(), cfg, gsm8k=True)
     elif sep and scheme in sources:
-        reader = sources[scheme].spec.build(cfg.params_for(sources[scheme].spec.name), cfg)
+        reg = sources[scheme]
+        try:
+            reader = reg.spec.build(cfg.params_for(reg.spec.name), cfg)
+        except Exception as e:  # a broken plugin: name it rather than a traceback
+            raise DataError(f"--data {source}: data source '{reg.spec.name}' ({reg.origin}) cannot be built: "
+                            f"{type(e).__name__}: {e}") from None
         try:
             raw_rows = reader(rest, cfg)
         except (ValueError, KeyError) as e:
@@ -181,7 +190,31 @@ def load_dataset(source: str, cfg: Any, registry: Any = None) -> Dataset:
     if not ds.rows:
         extra = f" ({ds.skipped} bad rows skipped; first: {ds.problems[0]})" if ds.skipped else ""
         raise DataError(f"--data {source}: the dataset is empty{extra}")
+    ds.fingerprint = data_fingerprint(source, ds.rows)
     return ds
+
+
+def data_fingerprint(source: str, rows: list[dict]) -> dict:
+    """What identifies a dataset across runs: its ``source`` (the ``--data`` value, for
+    messages), its row count, and the SHA-256 of its rows (prompt, label and metadata as
+    sorted-key JSON, one line per row, in order).  For a generated source (``rg:...``) the
+    rows are the generator's output, so the hash covers the generator and its arguments."""
+    h = hashlib.sha256()
+    for row in rows:
+        h.update(json.dumps([row["prompt"], row["label"], row["metadata"]], sort_keys=True, default=str).encode())
+        h.update(b"\n")
+    return {"source": source, "rows": len(rows), "sha256": h.hexdigest()}
+
+
+def fingerprint_change(saved: dict, now: dict) -> str | None:
+    """How ``now`` differs from the checkpoint's fingerprint ``saved`` (rows and content;
+    the source string alone may change, e.g. a moved file), or ``None`` if it does not."""
+    if saved["rows"] != now["rows"]:
+        return f"{saved['rows']} rows in the checkpoint ({saved['source']}), {now['rows']} now ({now['source']})"
+    if saved["sha256"] != now["sha256"]:
+        return (f"same row count ({now['rows']}) but other rows: content hash {saved['sha256'][:12]}… in the "
+                f"checkpoint ({saved['source']}), {now['sha256'][:12]}… now ({now['source']})")
+    return None
 
 
 # --------------------------------------------------------------------------- prompts
@@ -219,20 +252,33 @@ def encode_prompts(prompts: list[str], tokenizer: Any, cfg: Any) -> tuple[list[s
 class DataCursor:
     """A deterministic walk over ``n`` rows: a fresh seeded shuffle per epoch.
 
-    ``take(k)`` returns the next ``k`` dataset indices, wrapping into the next epoch (a
-    batch never holds the same index twice when ``k <= n``).  ``state()``/``load()`` save
-    and restore (epoch, position): indices handed out before a checkpoint are never handed
-    out again after resuming from it within the same epoch.
+    ``take(k)`` returns the next ``k`` dataset indices, wrapping into the next epoch.  Every
+    row is handed out once per epoch, and a batch never holds the same index twice when
+    ``k <= n``: when a batch straddles an epoch boundary, the rows it already holds from
+    the old epoch are moved, in the new epoch's order, after the ones the batch still
+    needs (the order is untouched when none of them would repeat).  ``state()``/``load()``
+    save and restore (epoch, position and that adjustment): indices handed out before a
+    checkpoint are never handed out again after resuming from it within the same epoch.
     """
 
     n: int
     seed: int
     epoch: int = 0
     position: int = 0
+    carry: list[int] = field(default_factory=list)
+    """Indices of the straddling batch taken from the previous epoch (empty when the
+    epoch began on a batch boundary)."""
+    need: int = 0
+    """How many indices that batch took from this epoch."""
 
     def _order(self, epoch: int) -> list[int]:
         order = list(range(self.n))
         random.Random(f"relax-data:{self.seed}:{epoch}").shuffle(order)
+        if self.carry:
+            held = set(self.carry)
+            head = [i for i in order if i not in held][: self.need]
+            chosen = set(head)
+            order = head + [i for i in order if i not in chosen]
         return order
 
     def take(self, k: int) -> list[int]:
@@ -242,16 +288,30 @@ class DataCursor:
             if self.position >= self.n:
                 self.epoch += 1
                 self.position = 0
+                self.carry, self.need = list(out), k - len(out)
                 order = self._order(self.epoch)
             out.append(order[self.position])
             self.position += 1
         return out
 
-    def state(self) -> dict[str, int]:
-        return {"n": self.n, "seed": self.seed, "epoch": self.epoch, "position": self.position}
+    def state(self) -> dict:
+        return {"n": self.n, "seed": self.seed, "epoch": self.epoch, "position": self.position,
+                "carry": list(self.carry), "need": self.need}
 
-    def load(self, state: dict[str, int]) -> None:
-        if state["n"] != self.n or state["seed"] != self.seed:
+    def load(self, state: dict, allow_other_data: bool = False) -> None:
+        """Restore :meth:`state`.
+
+        Args:
+            allow_other_data: ``--resume-allow-data-change``: a checkpoint for another row
+                count leaves the cursor at the start of these data instead of raising.
+
+        Raises:
+            DataError: the checkpoint's row count differs (unless allowed) or its seed does.
+        """
+        if state["seed"] != self.seed or (state["n"] != self.n and not allow_other_data):
             raise DataError(f"checkpoint data cursor is for {state['n']} rows / seed {state['seed']}, "
                             f"but this run has {self.n} rows / seed {self.seed}: resume with the same --data and --seed")
+        if state["n"] != self.n:
+            return
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.carry, self.need = [int(i) for i in state.get("carry", [])], int(state.get("need", 0))

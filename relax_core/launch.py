@@ -1,23 +1,33 @@
 """``relax train``: check the data, build the run's components, run the loop.
 
 Order matters for the user: everything that can be checked without a model (data files,
-label keys, empty datasets, the reward scorer) is checked first, so a mistake costs
-seconds, not a model load.  Exit codes: 0 done, 2 bad input, 3 stopped after too many
-non-finite steps, 130 interrupted (checkpoint saved).
+label keys, empty datasets, the reward scorer, the run directory, a resumed checkpoint's
+data fingerprint) is checked first (:func:`preflight`, also run by ``--dry-run``), so a
+mistake costs seconds, not a model load.  Exit codes: 0 done, 2 bad input, 3 stopped after
+too many non-finite steps, 5 a checkpoint could not be written, 130 interrupted (first
+Ctrl-C: checkpoint saved; second Ctrl-C: aborted, the last complete checkpoint intact).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 EXIT_BAD_INPUT = 2
 #: exit code of a run stopped because a training worker died
 EXIT_WORKER_DIED = 4
+EXIT_CHECKPOINT_FAILED = 5
+EXIT_INTERRUPTED = 130
+
+
+class BadInput(ValueError):
+    """A problem found before any model loads (exit 2); the message names the fix."""
 
 
 def _error(msg: str) -> int:
@@ -38,17 +48,97 @@ def _error_worker_died(e: Exception, ckpt_dir: Path) -> int:
 
 
 def find_run_dir(cfg: Any) -> Path:
-    """The run directory: ``<output_dir>/<run_name>``; with ``--resume`` and no
-    ``--run-name``, the newest ``<estimator>-*`` run that has a checkpoint."""
+    """The run directory: ``<output_dir>/<run_name>`` (with ``--resume``, the run that
+    :func:`relax_core.resume.resume_config` chose); without ``--run-name`` a new
+    ``<estimator>-<timestamp>`` directory (``-2``, ``-3``, … appended if it exists)."""
     out = Path(cfg.output_dir).expanduser()
     if cfg.run_name:
         return out / cfg.run_name
-    if cfg.resume:
-        runs = sorted((p for p in out.glob(f"{cfg.advantage_estimator}-*") if (p / "checkpoints" / "latest").is_file()),
-                      key=lambda p: p.stat().st_mtime)
-        if runs:
-            return runs[-1]
-    return out / f"{cfg.advantage_estimator}-{time.strftime('%Y%m%d-%H%M%S')}"
+    base = out / f"{cfg.advantage_estimator}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+@dataclass
+class Preflight:
+    """What :func:`preflight` checked and loaded."""
+
+    train_data: Any
+    eval_data: Any
+    scorer: Any
+    run_dir: Path
+    resume_from: Path | None
+    """The checkpoint ``--resume`` continues from (``None``: a fresh start)."""
+
+
+def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
+    """Everything ``relax train`` checks before a model loads, changing nothing on disk:
+    the data (file, line and column of a fault), the scorer, the engine's log-probs, the run
+    directory (a fresh start into one that holds a run needs ``--force``) and, with
+    ``--resume``, the checkpoint's data fingerprint.
+
+    Raises:
+        BadInput: naming the problem and its fix.
+    """
+    from relax_core import checkpoint as ckpt
+    from relax_core.data import DataError, fingerprint_change, load_dataset
+    from relax_core.resume import checkpoint_dir, holds_run
+    from relax_core.rewarding import RewardSetupError, resolve_scorer
+
+    try:
+        train_data = load_dataset(cfg.data, cfg, reg)
+        eval_data = load_dataset(cfg.eval_data, cfg, reg) if cfg.eval_data else None
+    except DataError as e:
+        raise BadInput(str(e)) from None
+    try:
+        scorer = resolve_scorer(cfg, reg)
+        for ds in (train_data, eval_data):
+            if ds is not None:
+                scorer.check([r["metadata"] for r in ds.rows])
+    except RewardSetupError as e:
+        raise BadInput(str(e)) from None
+    if cfg.use_rollout_logprobs and "rollout_log_probs" not in resolved.context.engine.caps.provides_fields:
+        raise BadInput(f"--use-rollout-logprobs needs an engine that returns log-probs; '{cfg.rollout_engine}' does not")
+
+    run_dir = find_run_dir(cfg)
+    ckpt_dir = checkpoint_dir(cfg, run_dir)
+    resume_from = ckpt.latest_checkpoint(ckpt_dir) if cfg.resume else None
+    if resume_from is None:
+        held = holds_run(run_dir, ckpt_dir)
+        if held and not cfg.force:
+            raise BadInput(f"{run_dir} already holds a run ({'; '.join(held)}); continue it with --resume, "
+                           "choose another --run-name, or pass --force to start over there (this deletes them)")
+    else:
+        saved = json.loads((resume_from / "trainer_state.json").read_text()).get("data")
+        change = saved and fingerprint_change(saved, train_data.fingerprint)
+        if change and not cfg.resume_allow_data_change:
+            raise BadInput(f"--resume: the training data differ from those of {resume_from}: {change}; resume with "
+                           "the same --data, or pass --resume-allow-data-change to continue on these data (same "
+                           "row count: the data position carries over; otherwise they are read from their start)")
+        if change:
+            print(f"relax: --resume-allow-data-change: training data changed ({change})", file=sys.stderr)
+    return Preflight(train_data, eval_data, scorer, run_dir, resume_from)
+
+
+def prepare_run_dir(cfg: Any, run_dir: Path, fresh: bool) -> None:
+    """Create the run directory.  On a ``fresh`` start with ``--force``, first delete what
+    an earlier run left there (metrics, samples, trained-prompt log, checkpoints, final
+    model), so that nothing is appended to it (:func:`preflight` refused it without
+    ``--force``)."""
+    from relax_core.resume import checkpoint_dir, holds_run
+
+    ckpt_dir = checkpoint_dir(cfg, run_dir)
+    held = holds_run(run_dir, ckpt_dir) if fresh and cfg.force else []
+    if held:
+        for name in ("metrics.jsonl", "samples.jsonl", "trained_prompts.jsonl"):
+            (run_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / "final", ignore_errors=True)
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        print(f"relax: --force: removed the earlier run in {run_dir} ({'; '.join(held)})", file=sys.stderr)
+    run_dir.mkdir(parents=True, exist_ok=True)
 
 
 def make_score(scorer: Any, cfg: Any) -> Any:
@@ -71,27 +161,36 @@ def plugin_versions(reg: Any) -> dict[str, str]:
 
 
 def launch(cfg: Any, resolved: Any, reg: Any) -> int:
-    """Run ``relax train`` with a validated config; returns the exit code."""
-    from relax_core.data import DataError, load_dataset
+    """Run ``relax train`` with a validated config; returns the exit code.
 
-    # ---- checks that need no model
+    A Ctrl-C that stops the run at once (a second one during training, or one before
+    training starts) gives one line and exit 130, no traceback; a checkpoint that cannot be
+    written gives one line naming the previous (intact) checkpoint and exit 5.
+    """
+    from relax_core import checkpoint as ckpt
+    from relax_core.resume import checkpoint_dir
+
+    run_dir = None
     try:
-        train_data = load_dataset(cfg.data, cfg, reg)
-        eval_data = load_dataset(cfg.eval_data, cfg, reg) if cfg.eval_data else None
-    except DataError as e:
+        checked = preflight(cfg, resolved, reg)
+        run_dir = checked.run_dir
+        code = _launch(cfg, resolved, reg, checked)
+    except BadInput as e:
         return _error(str(e))
-    from relax_core.rewarding import RewardSetupError, resolve_scorer
+    except ckpt.CheckpointError as e:
+        print(f"relax: error: {e}; free space or fix the directory, then continue with --resume", file=sys.stderr)
+        return EXIT_CHECKPOINT_FAILED
+    except KeyboardInterrupt:
+        last = ckpt.latest_checkpoint(checkpoint_dir(cfg, run_dir)) if run_dir else None
+        print("relax: aborted by Ctrl-C; " + (f"the last complete checkpoint is {last} (continue with --resume)"
+                                              if last else "no checkpoint was written"), file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    print(f"relax: run directory {run_dir}: {ckpt.format_size(ckpt.run_disk_usage(run_dir))} on disk", file=sys.stderr)
+    return code
 
-    try:
-        scorer = resolve_scorer(cfg, reg)
-        for ds in (train_data, eval_data):
-            if ds is not None:
-                scorer.check([r["metadata"] for r in ds.rows])
-    except RewardSetupError as e:
-        return _error(str(e))
 
-    if cfg.use_rollout_logprobs and "rollout_log_probs" not in resolved.context.engine.caps.provides_fields:
-        return _error(f"--use-rollout-logprobs needs an engine that returns log-probs; '{cfg.rollout_engine}' does not")
+def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight) -> int:
+    train_data, eval_data, scorer = checked.train_data, checked.eval_data, checked.scorer
 
     import numpy as np
     import torch
@@ -105,8 +204,8 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     np.random.seed(cfg.seed % 2**32)
     torch.manual_seed(cfg.seed)
 
-    run_dir = find_run_dir(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = checked.run_dir
+    prepare_run_dir(cfg, run_dir, fresh=checked.resume_from is None)
     config_dict = config_to_dict(cfg)
     (run_dir / "config.json").write_text(json.dumps(config_dict, indent=2, default=str))
 

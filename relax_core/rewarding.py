@@ -61,6 +61,7 @@ import multiprocessing as mp
 import numbers
 import os
 import pickle
+import signal
 import threading
 import time
 import traceback
@@ -250,7 +251,13 @@ def _worker_main(conn: Any, payload: bytes) -> None:
     Messages out: ``("ready",)`` / ``("fatal", text)`` once, then per sample
     ``("start", i)`` (the timed call begins) and ``("done", i, reward)`` or
     ``("error", i, text)``.
+
+    A terminal's Ctrl-C sends SIGINT to the whole foreground process group, workers
+    included: a worker ignores it (the parent finishes the step with every sample scored,
+    then stops the workers).  It is already ignored while the worker starts (see
+    :meth:`ScoringPool._start`); setting it here covers a pool started off the main thread.
     """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = mp.parent_process()
     if parent is not None:  # a worker stuck in a scorer must not outlive a killed trainer
         threading.Thread(target=lambda: (parent.join(), os._exit(0)), daemon=True).start()
@@ -278,6 +285,10 @@ def _worker_main(conn: Any, payload: bytes) -> None:
             conn.send(("done", i, _as_reward(fn(response, label, metadata))))
         except Exception as e:  # noqa: BLE001
             conn.send(("error", i, f"{type(e).__name__}: {e}"))
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 @dataclass
@@ -318,7 +329,15 @@ class ScoringPool:
         parent, child = self._ctx.Pipe()
         p = self._ctx.Process(target=_worker_main, args=(child, self._payload), daemon=True,
                               name="relax-reward-worker")
-        p.start()
+        # the child inherits an ignored SIGINT across spawn's exec (Python keeps it ignored at
+        # start-up), so a Ctrl-C while it imports cannot kill it; for the parent the change
+        # lasts only the fork+exec of p.start() (milliseconds)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+        try:
+            p.start()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
         child.close()
         return _Worker(p, parent, deadline=time.monotonic() + STARTUP_TIMEOUT)
 
@@ -496,6 +515,20 @@ def score_batch(scorer: Any, responses: Sequence[str], labels: Sequence[Any],
 
 
 # --------------------------------------------------------------------------- post-processing
+
+
+def mean_over_rounds(rounds: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The post-processors' metrics of a whole step from those of its oversampling rounds.
+
+    Every round post-processes a freshly generated batch of the same size
+    (``--rollout-batch-size`` prompts × ``--n-samples-per-prompt``), and processor metrics
+    are means over their batch (:class:`~relax_core.contracts.RewardBatch`), so the mean over
+    the rounds is the metric over every sample (or group) generated in the step: e.g.
+    ``rollout/filtered_group_frac`` = groups dropped in the step / groups generated in it.
+    A metric that only some rounds report is averaged over those.
+    """
+    keys = {k for r in rounds for k in r}
+    return {k: sum(r[k] for r in rounds if k in r) / sum(1 for r in rounds if k in r) for k in sorted(keys)}
 
 
 def apply_processors(processors: Sequence[Any], batch: RewardBatch) -> RewardBatch:

@@ -44,7 +44,7 @@ from relax_core.batch import Batch
 from relax_core.contracts import RewardBatch, SamplingParams
 from relax_core.data import DataCursor, Dataset, encode_prompts
 from relax_core.numerics import ZERO_STD_TOL, group_stats
-from relax_core.rewarding import apply_processors
+from relax_core.rewarding import apply_processors, mean_over_rounds
 
 #: A sample counts as correct for pass@1 when its reward is at least this.
 CORRECT_REWARD = 1.0 - 1e-6
@@ -278,6 +278,7 @@ class Rollout:
         generated: list[Batch] = []
         metrics: dict[str, float] = {"rollout/reward_errors": 0.0, "rollout/reward_timeouts": 0.0}
         n_groups, gen_tokens, t_gen = 0, 0, 0.0
+        proc_rounds: list[dict[str, float]] = []
         for r in range(rounds):
             t0 = time.monotonic()
             if cfg.load_debug_rollout_data:
@@ -303,11 +304,12 @@ class Rollout:
                 batch.save(replay_path(cfg.save_debug_rollout_data, step))
             generated.append(batch)
             batch, proc_metrics = self.post_process(batch)
-            metrics.update(proc_metrics)
+            proc_rounds.append(proc_metrics)
             kept.append(batch)
             n_groups += int(torch.unique(batch.group_index).numel()) if batch.size else 0
             if n_groups >= cfg.rollout_batch_size or cfg.load_debug_rollout_data:
                 break
+        metrics.update(mean_over_rounds(proc_rounds))  # the whole step, not its last round
         batch = Batch.concat([b for b in kept if b.size] or kept[:1], self.tokenizer.pad_token_id or 0)
         if n_groups > cfg.rollout_batch_size:  # keep the first rollout_batch_size groups
             first = set(torch.unique(batch.group_index).tolist()[: cfg.rollout_batch_size])

@@ -30,9 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from relax_core import checkpoint as ckpt
 from relax_core.batch import Batch
 from relax_core.contracts import AdvantageInput
+from relax_core.interrupts import RunAborted
 from relax_core.loss import ActorLoss, CriticLoss, LossSettings, global_denominators
 from relax_core.metrics import MetricsLogger, rewrite_metrics
 from relax_core.numerics import masked_normalize
@@ -208,12 +211,16 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save(self) -> Path:
+    def save(self, include_optimizer: bool = True) -> Path:
+        """Checkpoint the current step (``--keep-checkpoints`` kept): the loop state, the data
+        cursor and fingerprint, the weights the engine holds; raises
+        :class:`~relax_core.checkpoint.CheckpointError` when the write fails."""
         s = self.state
         held, weights = self.publisher.state(s.step)
         return ckpt.save_checkpoint(self.ckpt_dir, s.step, self.c.backend, {
-            "step": s.step, "cursor": self.source.cursor_state(), "consecutive_skipped": s.consecutive_skipped,
-            "skipped_steps": s.skipped_steps, "history": s.history, "engine": held}, engine_weights=weights)
+            "step": s.step, "cursor": self.source.cursor_state(), "data": self.source.rollout.data.fingerprint,
+            "consecutive_skipped": s.consecutive_skipped, "skipped_steps": s.skipped_steps, "history": s.history,
+            "engine": held}, keep=self.cfg.keep_checkpoints, include_optimizer=include_optimizer, engine_weights=weights)
 
     def restore(self) -> bool:
         """Load the newest checkpoint (``--resume``): weights, RNG, the data cursor, and the
@@ -222,7 +229,7 @@ class Trainer:
         if path is None:
             return False
         ts = ckpt.load_checkpoint(path, self.c.backend)
-        self.source.rollout.cursor.load(ts["cursor"])
+        self.source.rollout.cursor.load(ts["cursor"], allow_other_data=self.cfg.resume_allow_data_change)
         self.state = LoopState(step=ts["step"], consecutive_skipped=ts["consecutive_skipped"],
                                skipped_steps=ts["skipped_steps"], history=ts["history"])
         rewrite_metrics(self.run_dir, self.state.history)
@@ -237,7 +244,7 @@ class Trainer:
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         if self._interrupted:  # second Ctrl-C: stop now
-            raise KeyboardInterrupt
+            raise RunAborted
         self._interrupted = True
         if self.log:
             self.log.message("interrupt: finishing this step, then saving a checkpoint (Ctrl-C again to abort)")
@@ -279,13 +286,15 @@ class Trainer:
                     path = self.save()
                     self.log.message(f"interrupted: checkpoint saved to {path}; continue with --resume")
                     return EXIT_INTERRUPTED
-                if cfg.save_interval and step % cfg.save_interval == 0:
+                if cfg.save_interval and step % cfg.save_interval == 0 and step < cfg.num_rollout:
                     self.save()
-            self.save()
+            self.save(include_optimizer=False)  # a completed run: the optimizer state is not needed
             if cfg.save_hf:
                 final = self.run_dir / "final"
                 self.c.backend.save_hf(str(final))
                 self.source.rollout.tokenizer.save_pretrained(str(final))
+                if cfg.save_hf_dtype == "bfloat16":
+                    ckpt.convert_hf_dtype(final, torch.bfloat16)
                 self.log.message(f"final model (Hugging Face format): {final}")
         finally:
             self.source.close()

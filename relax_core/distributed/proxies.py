@@ -299,11 +299,12 @@ class RayBackend:
         refs = [w.engine_state_dict.remote() for w in self._replica0()]
         return refs[0]
 
-    def save_checkpoint(self, path: str) -> None:
+    def save_checkpoint(self, path: str, include_optimizer: bool = True) -> None:
         """The first replica writes (data-parallel replicas hold equal weights and
         optimizer states); ``path`` must be on storage the driver and those ranks share
         (multi-node: a shared file system)."""
-        self._all([w.save_checkpoint.remote(str(Path(path).resolve())) for w in self._replica0()])
+        self._all([w.save_checkpoint.remote(str(Path(path).resolve()), include_optimizer)
+                   for w in self._replica0()])
 
     def load_checkpoint(self, path: str) -> None:
         self._all([w.load_checkpoint.remote(str(Path(path).resolve())) for w in self.workers])

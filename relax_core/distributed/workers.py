@@ -261,8 +261,8 @@ class TrainWorker:
     def engine_state_dict(self) -> dict:
         return {k: v.detach().cpu().clone() for k, v in self.backend.engine_state_dict().items()}
 
-    def save_checkpoint(self, path: str) -> None:
-        self.backend.save_checkpoint(path)
+    def save_checkpoint(self, path: str, include_optimizer: bool = True) -> None:
+        self.backend.save_checkpoint(path, include_optimizer=include_optimizer)
 
     def load_checkpoint(self, path: str) -> None:
         self.backend.load_checkpoint(path)

@@ -238,3 +238,33 @@ def test_a_hung_worker_does_not_outlive_a_killed_trainer(tmp_path):
     while _alive(worker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(worker)
+
+
+def test_ctrl_c_to_the_process_group_does_not_kill_the_reward_workers(tmp_path):
+    """A terminal's Ctrl-C reaches the whole foreground process group: the workers ignore
+    it, every sample of the batch in flight is scored, and the parent sees the SIGINT once
+    (issue 18 item 7; before the fix two samples came back unscored: 'worker process died')."""
+    script = tmp_path / "trainer.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys, threading
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import rewarding_toy_scorers as toys
+        from relax_core.rewarding import ScoringPool
+        if __name__ == "__main__":
+            got = []
+            signal.signal(signal.SIGINT, lambda *a: got.append(1))
+            pool = ScoringPool(toys.exact, 2)
+            # Ctrl-C while the workers start, and again while they score
+            threading.Timer(0.05, os.killpg, (os.getpgrp(), signal.SIGINT)).start()
+            first = pool.score(["1"] * 4, ["1"] * 4, [{{"sleep": 0.3}}] * 4, 30)
+            threading.Timer(0.2, os.killpg, (os.getpgrp(), signal.SIGINT)).start()
+            second = pool.score(["1"] * 4, ["1"] * 4, [{{"sleep": 0.3}}] * 4, 30)
+            pool.close()
+            print(first, second, len(got), flush=True)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         start_new_session=True)  # its own process group: the SIGINT stays there
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == ("([1.0, 1.0, 1.0, 1.0], {'reward_errors': 0, 'reward_timeouts': 0}) "
+                                          "([1.0, 1.0, 1.0, 1.0], {'reward_errors': 0, 'reward_timeouts': 0}) 2")
+    assert "KeyboardInterrupt" not in out.stderr

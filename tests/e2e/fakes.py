@@ -136,18 +136,20 @@ class FakeBackend:
     def engine_state_dict(self) -> Any:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
-    def save_checkpoint(self, path: str) -> None:
+    def save_checkpoint(self, path: str, include_optimizer: bool = True) -> None:
         from safetensors.torch import save_file
 
         Path(path).mkdir(parents=True)
         save_file({k: v.contiguous() for k, v in self.model.state_dict().items()}, f"{path}/model.safetensors")
-        torch.save(self.opt.state_dict(), f"{path}/optim.pt")
+        if include_optimizer:
+            torch.save(self.opt.state_dict(), f"{path}/optim.pt")
 
     def load_checkpoint(self, path: str) -> None:
         from safetensors.torch import load_file
 
         self.model.load_state_dict(load_file(f"{path}/model.safetensors"))
-        self.opt.load_state_dict(torch.load(f"{path}/optim.pt", weights_only=True))
+        if Path(f"{path}/optim.pt").is_file():
+            self.opt.load_state_dict(torch.load(f"{path}/optim.pt", weights_only=True))
 
     def save_hf(self, path: str) -> None:
         from safetensors.torch import save_file

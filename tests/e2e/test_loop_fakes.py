@@ -18,7 +18,8 @@ from fakes import count_sevens, make_fakes  # noqa: E402
 from relax_core.config import RunConfig  # noqa: E402
 from relax_core.data import load_dataset  # noqa: E402
 from relax_core.metrics import read_metrics  # noqa: E402
-from relax_core.trainer import EXIT_OK, EXIT_SKIPPED, OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, Components, Trainer, build_trainer  # noqa: E402
+from relax_core.trainer import (EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED, OLD_LOGP_CURRENT,  # noqa: E402
+                                 OLD_LOGP_RECOMPUTED, Components, Trainer, build_trainer)
 
 grpo = pytest.importorskip("relax_grpo.grpo")
 GRPOParams = pytest.importorskip("relax_grpo.plugin").GRPOParams
@@ -104,9 +105,12 @@ def _final_weights(f) -> dict:
 def test_resume_equals_uninterrupted_run(tmp_path):
     a, fa = make_trainer(tmp_path / "a", num_rollout=4)
     assert a.run() == EXIT_OK
-    # interrupted after step 2 (checkpoint every step), then a fresh process resumes
-    b, _ = make_trainer(tmp_path / "b", num_rollout=2, save_interval=1)
-    assert b.run() == EXIT_OK
+    # interrupted after step 2 (as the first Ctrl-C does: the checkpoint keeps the optimizer
+    # state, which the final checkpoint of a completed run drops), then a fresh process resumes
+    b, _ = make_trainer(tmp_path / "b", num_rollout=4, save_interval=1)
+    step = b.step
+    b.step = lambda k: (setattr(b, "_interrupted", k == 2), step(k))[1]
+    assert b.run() == EXIT_INTERRUPTED
     c, fc = make_trainer(tmp_path / "b", num_rollout=4, resume=True)
     assert c.run() == EXIT_OK
     ma, mc = read_metrics(tmp_path / "a" / "runs" / "r"), read_metrics(tmp_path / "b" / "runs" / "r")
@@ -216,7 +220,16 @@ class _DropGroups:
     """Keeps only groups whose index is odd (a stand-in for a dynamic-sampling filter)."""
 
     def process(self, rb):
-        return rb.replace(keep=rb.group_index % 2 == 1, metrics={"filter/kept": float((rb.group_index % 2 == 1).sum())})
+        return rb.replace(keep=rb.group_index % 2 == 1, metrics={"filter/kept_frac": float((rb.group_index % 2 == 1).float().mean())})
+
+
+class _DropFirstRound:
+    """Drops every group of a step's first round (groups (step·3 + round)·2 + j, with
+    --rollout-batch-size 2 and 3 rounds), keeps the later rounds' groups."""
+
+    def process(self, rb):
+        first = (rb.group_index // 2) % 3 == 0
+        return rb.replace(keep=~first, metrics={"rollout/filtered_group_frac": float(first.float().mean())})
 
 
 class _DropAll:
@@ -231,7 +244,18 @@ def test_filtering_processor_with_oversampling_fills_the_batch(tmp_path):
     recs = read_metrics(tmp_path / "runs" / "r")
     # each round keeps 1 of 2 groups: two rounds give the 2 groups × 4 samples to train on
     assert [r["rollout/num_samples"] for r in recs] == [8.0, 8.0]
-    assert "filter/kept" in recs[0] and math.isfinite(recs[0]["train/loss"])
+    assert recs[0]["filter/kept_frac"] == 0.5 and math.isfinite(recs[0]["train/loss"])
+
+
+def test_processor_metrics_report_the_whole_step_across_oversampling_rounds(tmp_path):
+    """Round 1 drops both its groups, round 2 none: 2 of the step's 4 groups were filtered.
+    Before the fix the step reported the last round only (0.0)."""
+    tr, _ = make_trainer(tmp_path, num_rollout=2, rollout_batch_size=2, max_oversampling_rounds=2)
+    tr.c.processors, tr.c.processor_resamples = [_DropFirstRound()], True
+    assert tr.run() == EXIT_OK
+    recs = read_metrics(tmp_path / "runs" / "r")
+    assert [r["rollout/filtered_group_frac"] for r in recs] == [0.5, 0.5]
+    assert [r["rollout/num_samples"] for r in recs] == [8.0, 8.0]
 
 
 def test_a_step_whose_samples_are_all_filtered_out_trains_nothing(tmp_path):

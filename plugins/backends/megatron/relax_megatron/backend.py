@@ -577,9 +577,10 @@ class MegatronBackend:
         if self.tokenizer_source is not None:
             load_tokenizer(self.tokenizer_source).save_pretrained(path)
 
-    def save_checkpoint(self, path: str) -> None:
+    def save_checkpoint(self, path: str, include_optimizer: bool = True) -> None:
         """This rank's Megatron weights (safetensors) and optimizer state (one file per TP
-        rank and pipeline stage; context-parallel rank 0 writes them), plus the step
+        rank and pipeline stage, unless ``include_optimizer`` is False; context-parallel
+        rank 0 writes them), plus the step
         (global rank 0); every rank calls it with the same ``path`` (a barrier ends it)."""
         from safetensors.torch import save_file
 
@@ -588,14 +589,16 @@ class MegatronBackend:
         if self.ps.get_context_parallel_rank() == 0:
             save_file({k: v.contiguous() for k, v in convert.local_state_dict(self.model).items()},
                       str(out / f"megatron_{self._shard_name()}.safetensors"))
-            torch.save(self.optimizer.state_dict(), out / f"optimizer_{self._shard_name()}.pt")
+            if include_optimizer:
+                torch.save(self.optimizer.state_dict(), out / f"optimizer_{self._shard_name()}.pt")
         if dist.get_rank() == 0:
             (out / "megatron_backend.json").write_text(json.dumps({"step": self.step}))
         if dist.get_world_size() > 1:
             dist.barrier()
 
     def load_checkpoint(self, path: str) -> None:
-        """Inverse of :meth:`save_checkpoint` (same TP and PP sizes)."""
+        """Inverse of :meth:`save_checkpoint` (same TP and PP sizes); without an optimizer
+        file the optimizer stays fresh."""
         from safetensors.torch import load_file
 
         src = Path(path)
@@ -604,7 +607,8 @@ class MegatronBackend:
         missing = [k for k in missing if not k.endswith("_extra_state")]
         if missing or unexpected:
             raise KeyError(f"checkpoint {src} does not match the model: missing {missing}, unexpected {unexpected}")
-        self.optimizer.load_state_dict(torch.load(src / f"optimizer_{self._shard_name()}.pt", weights_only=True))
+        if (src / f"optimizer_{self._shard_name()}.pt").is_file():
+            self.optimizer.load_state_dict(torch.load(src / f"optimizer_{self._shard_name()}.pt", weights_only=True))
         self.step = json.loads((src / "megatron_backend.json").read_text())["step"]
 
 

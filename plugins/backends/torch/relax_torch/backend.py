@@ -412,10 +412,11 @@ class TorchBackend:
         parameters: copy them before the next ``train_step`` if you keep them)."""
         return {k: v.detach() for k, v in self.models["actor"].state_dict().items()}
 
-    def save_checkpoint(self, path: str) -> None:
+    def save_checkpoint(self, path: str, include_optimizer: bool = True) -> None:
         """Write ``path/`` with, per trained role, ``<role>.safetensors`` (weights),
-        ``<role>_optim.safetensors`` (AdamW moments and step counts) and
-        ``backend_state.json`` (optimizer hyper-parameters, step counts)."""
+        ``<role>_optim.safetensors`` (AdamW moments and step counts; not with
+        ``include_optimizer=False``) and ``backend_state.json`` (optimizer
+        hyper-parameters, step counts)."""
         from safetensors.torch import save_file, save_model
 
         out = Path(path)
@@ -423,6 +424,8 @@ class TorchBackend:
         state: dict[str, Any] = {"format": 1, "steps": self.steps, "param_groups": {}}
         for role, opt in self.optimizers.items():
             save_model(self.models[role], str(out / f"{role}.safetensors"))
+            if not include_optimizer:
+                continue
             sd = opt.state_dict()
             tensors = {f"{i}.{k}": v.contiguous() for i, st in sd["state"].items() for k, v in st.items()
                        if isinstance(v, Tensor)}
@@ -431,7 +434,8 @@ class TorchBackend:
         (out / "backend_state.json").write_text(json.dumps(state, indent=1))
 
     def load_checkpoint(self, path: str) -> None:
-        """Restore what :meth:`save_checkpoint` wrote (weights, optimizer, step counts).
+        """Restore what :meth:`save_checkpoint` wrote (weights, optimizer, step counts);
+        a checkpoint saved without optimizer state leaves AdamW fresh.
 
         Raises:
             FileNotFoundError: missing files; KeyError/ValueError: a checkpoint of another
@@ -445,13 +449,15 @@ class TorchBackend:
             raise KeyError(f"checkpoint roles {sorted(state['steps'])} != this run's trained roles {sorted(self.optimizers)}")
         for role, opt in self.optimizers.items():
             load_model(self.models[role], str(src / f"{role}.safetensors"), device=str(self.device))
+            self.steps[role] = int(state["steps"][role])
+            if role not in state["param_groups"]:  # saved without optimizer state
+                continue
             flat = load_file(str(src / f"{role}_optim.safetensors"), device=str(self.device))
             per: dict[int, dict[str, Tensor]] = {}
             for key, v in flat.items():
                 i, name = key.split(".", 1)
                 per.setdefault(int(i), {})[name] = v
             opt.load_state_dict({"state": per, "param_groups": state["param_groups"][role]})
-            self.steps[role] = int(state["steps"][role])
 
     def save_hf(self, path: str) -> None:
         """Save the actor as a Hugging Face directory (loadable by

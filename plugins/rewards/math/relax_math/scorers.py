@@ -8,16 +8,31 @@
    else the last ``Answer:`` line, else the last ``#### N``.
 2. label: a string (a GSM8K-form ``... #### N`` label gives ``N``), an int or a float.  A
    label that is not mathematics (words such as ``"see figure"``) cannot be scored: ``None``.
-3. equivalence: two plain numbers (thousands separators and ``$`` accepted) are compared
-   numerically (relative 1e-6); anything else with math-verify (``\\frac12`` = ``0.5``,
-   ``2^{10}`` = ``1024``, ``x+1`` = ``1+x``).
+3. equivalence: two plain integers are compared exactly, two plain numbers with a decimal
+   part numerically (relative 1e-6; thousands separators and ``$`` accepted); anything else
+   with math-verify (``\\frac12`` = ``0.5``, ``2^{10}`` = ``1024``, ``x+1`` = ``1+x``), with the
+   guards it lacks (a false positive, reward for a wrong answer, is worse than a false
+   negative):
+
+   - both sides exact rationals (integers, fractions, integer powers, factorials, sums and
+     products of them; no decimals, which math-verify compares with its rounding, so that
+     ``0.5`` = ``\\frac{1}{2}``): compared exactly.  math-verify compares a numerically evaluated
+     difference with chopping, so ``\\frac{1}{10^{20}}`` = ``\\frac{3}{10^{20}}`` and
+     ``\\frac{1}{2^{99}}`` = ``\\frac{1}{2^{98}}`` (Math-Verify issue #14) scored 1;
+   - shorthands it misreads are rewritten first: ``\\sqrt(x)`` → ``\\sqrt{x}`` (it dropped
+     ``\\sqrt(`` and read ``7\\sqrt(3)`` as 7), ``\\mathrm{e}`` → ``e`` (it dropped the term:
+     ``1 - \\frac{1}{\\mathrm{e}}`` = ``1 + \\frac{1}{\\mathrm{e}}``), a repeating decimal
+     ``0.1\\overline{6}`` → ``\\frac{1}{6}`` (it read 0.1);
+   - a text whose parse loses a digit (``12:00`` read as ``zoo``), outside the constructs that
+     evaluate (fractions, binomials, factorials, decimals, percentages), is unparseable.
 
 math-verify is called with ``parsing_timeout=None`` and ``timeout_seconds=None`` (its own
 timeouts use ``signal.alarm``, main thread only); :func:`relax_core.rewarding.score_batch`
 enforces ``--reward-timeout``.
 
 ``gsm8k``: the label's number (after ``####``, or the label itself) against the response's
-last boxed answer, else its last number; thousands separators and a leading ``$`` accepted.
+last boxed answer, else its last number; thousands separators and a leading ``$`` accepted;
+two integers compare exactly, decimals with a relative 1e-6.
 """
 
 from __future__ import annotations
@@ -26,7 +41,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from relax_core.answers import (answer_line, answer_tag, gsm8k_final, last_boxed, last_number,
+from relax_core.answers import (answer_line, answer_tag, gsm8k_final, integer_value, last_boxed, last_number,
                                 numbers_equal, parse_number, strip_math)
 
 # words that may appear in a mathematical label outside a LaTeX command
@@ -69,10 +84,85 @@ def label_text(label: Any) -> str | None:
     return text
 
 
+_SQRT_PAREN_RE = re.compile(r"\\sqrt\s*\(")
+_CONST_E_RE = re.compile(r"\\(?:mathrm|operatorname|mathit)\s*\{\s*e\s*\}")
+_REPEATING_RE = re.compile(r"(\d*)\.(\d*)\\overline\s*\{(\d+)\}")
+_EVALUATING_RE = re.compile(r"\\[dt]?frac|\\binom|\\choose|!|\.\d|%")
+_DECIMAL_RE = re.compile(r"\d*\.\d")
+_MAX_EXACT_EXPONENT = 10_000
+_MAX_EXACT_FACTORIAL = 10_000
+
+
+def normalize_latex(text: str) -> str:
+    """Rewrite the shorthands math-verify misreads (module docstring, step 3):
+    ``\\sqrt(x)`` → ``\\sqrt{x}`` (balanced parentheses), ``\\mathrm{e}`` → ``e``, and a
+    repeating decimal ``a.b\\overline{c}`` → its exact ``\\frac{p}{q}``."""
+    out, i = [], 0
+    for m in _SQRT_PAREN_RE.finditer(text):
+        if m.start() < i:
+            continue
+        depth, j = 1, m.end()
+        while j < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[j], 0)
+            j += 1
+        if depth:  # unbalanced: left as written (the digit guard then refuses it)
+            continue
+        out += [text[i:m.start()], "\\sqrt{", text[m.end():j - 1], "}"]
+        i = j
+    text = "".join(out) + text[i:]
+    text = _CONST_E_RE.sub("e", text)
+
+    def repeating(m: re.Match) -> str:
+        whole, fixed, rep = m.group(1) or "0", m.group(2), m.group(3)
+        num = int(whole + fixed + rep) - int(whole + fixed)
+        den = 10 ** len(fixed) * (10 ** len(rep) - 1)
+        return f"\\frac{{{num}}}{{{den}}}"
+
+    return _REPEATING_RE.sub(repeating, text)
+
+
+def _digits_lost(text: str, parsed: list) -> bool:
+    """Whether the parse dropped digits of ``text`` (a digit written more often than the
+    parsed expression holds it), outside constructs that legitimately evaluate."""
+    if _EVALUATING_RE.search(text):
+        return False
+    have = str(parsed[0])
+    return any(text.count(d) > have.count(d) for d in set(filter(str.isdigit, text)))
+
+
 def _mv_parse(text: str) -> list:
+    """math-verify's parse of ``text`` after :func:`normalize_latex`; ``[]`` when
+    unparseable or when the parse lost digits (:func:`_digits_lost`)."""
     from math_verify import parse
 
-    return parse(f"${text}$", parsing_timeout=None)
+    text = normalize_latex(text)
+    parsed = parse(f"${text}$", parsing_timeout=None)
+    return [] if parsed and _digits_lost(text, parsed) else parsed
+
+
+def exact_rational(expr: Any) -> Any:
+    """``expr`` as an exact ``sympy.Rational`` when it is built only of integers and
+    rationals with ``+``, ``×``, integer powers and factorials (e.g. ``1/10**20``,
+    ``(2**2005 + 1)/(3·2**2006)``, ``factorial(5)``), else ``None`` (symbols, floats,
+    irrationals, sets; exponents above 10 000 or factorials above 10 000 are not evaluated)."""
+    import sympy
+
+    if isinstance(expr, sympy.Rational):
+        return expr
+    if isinstance(expr, (sympy.Add, sympy.Mul)):
+        parts = [exact_rational(a) for a in expr.args]
+        if any(p is None for p in parts):
+            return None
+        return sympy.Add(*parts) if isinstance(expr, sympy.Add) else sympy.Mul(*parts)
+    if isinstance(expr, sympy.Pow):
+        base, exp = exact_rational(expr.base), exact_rational(expr.exp)
+        if base is None or exp is None or not exp.is_Integer or abs(exp) > _MAX_EXACT_EXPONENT or (base == 0 and exp < 0):
+            return None
+        return base ** exp
+    if isinstance(expr, sympy.factorial):
+        n = exact_rational(expr.args[0])
+        return sympy.factorial(n) if n is not None and n.is_Integer and 0 <= n <= _MAX_EXACT_FACTORIAL else None
+    return None
 
 
 @dataclass(frozen=True)
@@ -92,6 +182,9 @@ class MathScorer:
         answer = strip_math(answer)
         pred_num = parse_number(answer)
         if gold_num is not None and pred_num is not None:
+            exact = integer_value(gold_text), integer_value(answer)
+            if None not in exact:
+                return float(exact[0] == exact[1])
             return float(numbers_equal(pred_num, gold_num))
         gold = _mv_parse(gold_text)
         if not gold:
@@ -99,6 +192,9 @@ class MathScorer:
         pred = _mv_parse(answer)
         if not pred:
             return 0.0
+        exact = exact_rational(gold[0]), exact_rational(pred[0])
+        if None not in exact and not _DECIMAL_RE.search(gold_text + " " + answer):  # decimals: math-verify's rounding
+            return float(exact[0] == exact[1])
         from math_verify import verify
 
         return float(verify(gold, pred, timeout_seconds=None))
@@ -113,11 +209,15 @@ def gsm8k_score(response: str, label: Any, metadata: dict | None = None) -> floa
         return None
     boxed = last_boxed(response)
     candidate = boxed if boxed is not None else response
+    text = candidate
     pred = parse_number(candidate)
     if pred is None:
-        found = last_number(candidate)
-        pred = parse_number(found) if found is not None else None
-    return 0.0 if pred is None else float(numbers_equal(pred, gold))
+        text = last_number(candidate)
+        pred = parse_number(text) if text is not None else None
+    if pred is None:
+        return 0.0
+    exact = integer_value(label), integer_value(text)
+    return float(exact[0] == exact[1]) if None not in exact else float(numbers_equal(pred, gold))
 
 
 def build_math(params: Any, config: Any) -> MathScorer:

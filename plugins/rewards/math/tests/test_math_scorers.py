@@ -140,3 +140,55 @@ def test_registration_and_build():
     assert specs["math"].build(None, None)("Answer: 4", "4", {}) == 0.0
     g = specs["gsm8k"].build(None, None)
     assert g("it is 4", "#### 4", {}) == 1.0
+
+
+@pytest.mark.parametrize("response, label", [
+    # exact rationals that differ below ~1e-15: math-verify's chopped numeric difference said equal
+    ("\\boxed{\\frac{1}{10^{20}}}", "\\frac{3}{10^{20}}"),
+    ("\\boxed{\\frac{1}{2^{98}}}", "\\frac{1}{2^{99}}"),                      # Math-Verify issue #14
+    ("\\boxed{\\frac{1}{2006!}}", "\\frac{1}{2004!}"),                        # Math-Verify issue #14
+    ("\\boxed{\\frac{1}{3 \\cdot 2^{2006}}}", "\\frac{2^{2005}+1}{3 \\cdot 2^{2006}}"),  # issue #14
+    ("\\boxed{1000001}", "1000000"),                                        # relative 1e-6 said equal
+    ("\\boxed{1,000,001}", 1000000),
+    # \sqrt( was dropped: 7\sqrt(3) read as 7, in both orders
+    ("\\boxed{7}", "7\\sqrt(3)"),
+    ("\\boxed{7\\sqrt(3)}", "7"),
+    # \mathrm{e} was dropped: 1 - 1/e read as 1 (Math-Verify issue #14)
+    ("\\boxed{1 + \\frac{1}{\\mathrm{e}}}", "1 - \\frac{1}{\\mathrm{e}}"),
+    # a repeating decimal was read as its fixed part
+    ("\\boxed{0}", "0.\\overline{3}"),
+])
+def test_math_false_positives_are_guarded(response, label):
+    assert strict(response, label, {}) == 0.0
+
+
+@pytest.mark.parametrize("response, label", [
+    ("\\boxed{\\frac{3}{10^{20}}}", "\\frac{3}{10^{20}}"),
+    ("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}"),
+    ("\\boxed{7\\sqrt(3)}", "7\\sqrt{3}"),
+    ("\\boxed{\\sqrt(2)}", "\\sqrt 2"),
+    ("\\boxed{1 - e^{-1}}", "1 - \\frac{1}{\\mathrm{e}}"),
+    ("\\boxed{\\frac{1}{3}}", "0.\\overline{3}"),
+    ("\\boxed{\\frac{1}{6}}", "0.1\\overline{6}"),
+    ("\\boxed{120}", "5!"),
+    ("\\boxed{\\binom{5}{2}}", "10"),
+    ("\\boxed{1\\frac{1}{2}}", "\\frac{3}{2}"),
+    ("\\boxed{50\\%}", "\\frac{1}{2}"),
+    ("\\boxed{1000000}", "1,000,000"),
+])
+def test_math_guards_keep_equivalent_answers_correct(response, label):
+    assert strict(response, label, {}) == 1.0
+
+
+@pytest.mark.parametrize("response", ["Final Answer: **73**", "**Final Answer:** 73", "Answer: __73__",
+                                      "Answer: **$73$**.", "Answer: $73$."])
+def test_anchors_strip_markdown_emphasis(response):
+    """`Final Answer: **73**` scored 0 against 73 while `Answer: $73$.` scored 1 (issue 18 item 13)."""
+    assert anchors(response, "73", {}) == 1.0
+    assert anchors(response.replace("73", "74"), "73", {}) == 0.0
+
+
+def test_gsm8k_integers_compare_exactly():
+    assert gsm8k_score("The total is 1,000,001.", "#### 1000000") == 0.0
+    assert gsm8k_score("The total is 1,000,000.", "#### 1000000") == 1.0
+    assert gsm8k_score("It costs $2.50", "2.5") == 1.0

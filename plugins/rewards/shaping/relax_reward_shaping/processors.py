@@ -22,7 +22,8 @@ Dynamic sampling, DAPO §3.2 eq. (11): keep only groups with 0 < |{correct}| < G
 over the scored samples of the group.  A group with fewer than two scored samples carries
 no signal either and is dropped.  Metric ``rollout/filtered_group_frac`` = dropped groups /
 groups in the batch.  The training loop refills the batch by sampling more prompts, up to
-``--max-oversampling-rounds``.
+``--max-oversampling-rounds``, and reports the metric over every group generated in the step
+(the mean over its rounds, which are of equal size).
 """
 
 from __future__ import annotations
