@@ -69,6 +69,15 @@ def train(ctx: typer.Context) -> None:
         _print_problems([str(p) for p in problems])
         raise typer.Exit(2)
     if ns.dry_run:
+        from relax_core.launch import InputError, check_inputs
+
+        try:
+            inputs = check_inputs(cfg, reg)
+        except InputError as e:
+            _print_problems(e.problems)
+            raise typer.Exit(2)
+        for w in inputs.warnings:
+            typer.echo(f"relax: warning: {w}", err=True)
         _print_dry_run(cfg, resolved, reg)
         return
     from relax_core.launch import launch

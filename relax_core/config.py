@@ -62,7 +62,7 @@ class RunConfig:
     skip_bad_rows: bool = opt(False, "Skip (and count) malformed data rows instead of failing.", group="data")
     apply_chat_template: bool = opt(True, "Apply the tokenizer's chat template to prompts.", group="data")
     system_prompt: str | None = opt(None, "Optional system prompt.", group="data")
-    prompt_suffix: str = opt(" Give only the final number.", "Text appended to each prompt.", group="data")
+    prompt_suffix: str | None = opt(None, "Text appended to each prompt (default: the instruction the data source declares: 'Give only the final number.' for numeric rg: tasks, nothing for files).", group="data")
     eval_data: str | None = opt(None, "Evaluation data (same formats as --data).", group="eval")
     eval_interval: int = opt(0, "Evaluate every N steps (0 = never).", ge=0, group="eval")
     n_samples_per_eval_prompt: int = opt(1, "Samples per evaluation prompt.", ge=1, group="eval")

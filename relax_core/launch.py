@@ -12,6 +12,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,25 +57,69 @@ def plugin_versions(reg: Any) -> dict[str, str]:
     return {p.dist: p.version for p in reg.plugins}
 
 
-def launch(cfg: Any, resolved: Any, reg: Any) -> int:
-    """Run ``relax train`` with a validated config; returns the exit code."""
-    from relax_core.data import DataError, load_dataset
+class InputError(ValueError):
+    """Problems with the run's inputs (model name, data, scorer), found before any model loads."""
 
-    # ---- checks that need no model
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass
+class Inputs:
+    """What :func:`check_inputs` loaded: the datasets, the scorer, and warnings to print."""
+
+    train_data: Any
+    eval_data: Any
+    scorer: Any
+    warnings: list[str]
+
+
+def check_inputs(cfg: Any, reg: Any) -> Inputs:
+    """Everything ``relax train`` checks before any model loads, shared with ``--dry-run``:
+    the model name (:func:`relax_core.models.model_problem`), the data (every row), the
+    scorer (installed, builds), and whether a correct answer scores
+    (:func:`relax_core.reward_check.label_check`).
+
+    Raises:
+        InputError: listing the problems (the CLI exits with code 2).
+    """
+    from relax_core.data import DataError, load_dataset
+    from relax_core.models import model_problem
+    from relax_core.reward_check import label_check
+    from relax_core.rewarding import RewardSetupError, resolve_scorer
+
+    problems = [p for p in [model_problem(cfg.model)] if p]
     try:
         train_data = load_dataset(cfg.data, cfg, reg)
         eval_data = load_dataset(cfg.eval_data, cfg, reg) if cfg.eval_data else None
     except DataError as e:
-        return _error(str(e))
-    from relax_core.rewarding import RewardSetupError, resolve_scorer
-
+        raise InputError(problems + [str(e)]) from None
+    datasets = [("--data", train_data)] + ([("--eval-data", eval_data)] if eval_data else [])
     try:
         scorer = resolve_scorer(cfg, reg)
-        for ds in (train_data, eval_data):
-            if ds is not None:
-                scorer.check([r["metadata"] for r in ds.rows])
+        for _, ds in datasets:
+            scorer.check([r["metadata"] for r in ds.rows])
     except RewardSetupError as e:
-        return _error(str(e))
+        raise InputError(problems + [str(e)]) from None
+    label_problems, warnings = label_check(scorer, datasets, cfg)
+    if problems or label_problems:
+        raise InputError(problems + label_problems)
+    return Inputs(train_data, eval_data, scorer, warnings)
+
+
+def launch(cfg: Any, resolved: Any, reg: Any) -> int:
+    """Run ``relax train`` with a validated config; returns the exit code."""
+    # ---- checks that need no model
+    try:
+        inputs = check_inputs(cfg, reg)
+    except InputError as e:
+        for p in e.problems:
+            _error(p)
+        return EXIT_BAD_INPUT
+    for w in inputs.warnings:
+        print(f"relax: warning: {w}", file=sys.stderr)
+    train_data, eval_data, scorer = inputs.train_data, inputs.eval_data, inputs.scorer
 
     if cfg.use_rollout_logprobs and not resolved.context.engine.caps.returns_log_probs:
         return _error(f"--use-rollout-logprobs needs an engine that returns log-probs; '{cfg.rollout_engine}' does not")
@@ -85,6 +130,7 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     from relax_core.config import config_to_dict
     from relax_core.rewarding import build_processors
     from relax_core.metrics import git_commit
+    from relax_core.reward_check import RewardWatch
     from relax_core.trainer import Components, Trainer
 
     random.seed(cfg.seed)
@@ -128,7 +174,8 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
 
     comps = Components(
         engine=engine, backend=backend, estimator=estimator, corrections=corrections, processors=processors,
-        score=make_score(scorer, cfg), needs_critic=est_caps.needs_critic,
+        score=RewardWatch(make_score(scorer, cfg), scorer, notify=lambda text: print(text, file=sys.stderr)),
+        needs_critic=est_caps.needs_critic,
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
         top_k=top_k, routed_experts=routed,
         num_critic_only_steps=critic_settings.num_critic_only_steps if critic_settings else 0)

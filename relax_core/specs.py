@@ -264,10 +264,17 @@ class CorrectionSpec(ComponentSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class RewardScorerSpec(ComponentSpec):
-    """A scorer: the factory returns ``fn(response: str, label, metadata: dict) -> float | None``."""
+    """A scorer: the factory returns ``fn(response: str, label, metadata: dict) -> float | None``.
+
+    The function may also have ``extract_answer(response, label, metadata) -> str | None``,
+    the answer text it compares (shown when a run's rewards never vary)."""
 
     kind: ClassVar[str] = "reward"
     capabilities_type: ClassVar[type | None] = None
+    self_check: bool = True
+    """Whether scoring a label as the response is cheap and local, so that ``relax train``
+    (and ``--dry-run``) can check that a correct answer scores before any model loads
+    (:mod:`relax_core.reward_check`); ``False`` for scorers that call a service."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from relax_core import (BackendCapabilities, BackendSpec, DataSourceSpec, EngineCapabilities, EngineSpec,
-                        EstimatorCapabilities, EstimatorSpec, hookimpl, param)
+                        EstimatorCapabilities, EstimatorSpec, RewardScorerSpec, hookimpl, param)
 from relax_core.contracts import AdvantageOutput, CorrectionOutput, PolicyLossOutput
 from relax_core.hookspecs import HOOK_KINDS
 from relax_core.numerics import broadcast_to_tokens, group_stats, masked_fill_zero
@@ -49,14 +49,21 @@ BASE_CAPS = EstimatorCapabilities(sync_only=False, supports_fully_async=True, po
 
 
 def infra_plugin() -> types.SimpleNamespace:
-    """The engine 'hf', backend 'torch' and data source 'rg:' a default config selects."""
+    """The engine 'hf', backend 'torch', data source 'rg:' and fallback scorer 'math' a
+    default config selects (the dry run loads the data and scores its labels)."""
     return make_plugin(
-        DataSourceSpec(name="rg", scheme="rg", summary="toy data source", source="tests", factory="x:y"),
+        DataSourceSpec(name="rg", scheme="rg", summary="toy data source", source="tests",
+                       factory="relax_core_test_toys:build_source"),
+        RewardScorerSpec(name="math", summary="toy scorer", source="tests", factory="relax_core_test_toys:build_scorer"),
         EngineSpec(name="hf", summary="toy engine", source="tests", factory="x:y",
                    capabilities=EngineCapabilities(returns_log_probs=True, supports_weight_update=True)),
         BackendSpec(name="torch", summary="toy backend", source="tests", factory="x:y",
                     capabilities=BackendCapabilities(supports_data_parallel=True, supports_critic=True)),
     )
+
+
+def build_source(params, config):
+    return lambda spec, cfg: [{"prompt": "1+1?", "label": "2", "metadata": {}}]
 
 
 def build_estimator(params, config):

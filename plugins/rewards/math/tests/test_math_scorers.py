@@ -140,3 +140,16 @@ def test_registration_and_build():
     assert specs["math"].build(None, None)("Answer: 4", "4", {}) == 0.0
     g = specs["gsm8k"].build(None, None)
     assert g("it is 4", "#### 4", {}) == 1.0
+
+
+def test_math_verify_timeout_notice_is_not_printed():
+    """math-verify warns once per process that its timeouts are off (Relax enforces
+    --reward-timeout itself): one line per reward worker that the user cannot act on."""
+    import subprocess
+    import sys
+
+    code = ("import logging; logging.basicConfig(); from relax_math.scorers import build_math; "
+            "s = build_math(None, None); print(s('\\\\boxed{2}', '2'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "1.0", out.stderr
+    assert "Timeout is disabled" not in out.stderr
