@@ -9,6 +9,7 @@ non-finite steps, 130 interrupted (checkpoint saved).
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -109,23 +110,53 @@ def check_inputs(cfg: Any, reg: Any) -> Inputs:
 
 
 def launch(cfg: Any, resolved: Any, reg: Any) -> int:
-    """Run ``relax train`` with a validated config; returns the exit code."""
+    """Run ``relax train`` with a validated config; returns the exit code.
+
+    The run's display (:mod:`relax_core.progress`) is open from the first check on and names
+    each start-up phase; a run that reached its loop ends with the summary
+    (:mod:`relax_core.summary`)."""
+    from relax_core import progress
+
+    # transformers' "Loading weights" / "Writing model shards" bars: read at its import by
+    # worker processes (Ray), switched off below in this one
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    t0 = time.monotonic()
+    display = progress.start(cfg)
+    try:
+        code, trainer = _launch(cfg, resolved, reg, display)
+    finally:
+        progress.close()
+    if trainer is not None:
+        from relax_core.summary import summary_lines
+
+        print("\n".join(summary_lines(trainer.run_dir, total=cfg.num_rollout, wall_s=time.monotonic() - t0,
+                                      ckpt_dir=trainer.ckpt_dir)), flush=True)
+    return code
+
+
+def _launch(cfg: Any, resolved: Any, reg: Any, display: Any) -> tuple[int, Any]:
+    """The body of :func:`launch`: ``(exit code, the trainer once its loop ran, else None)``."""
     # ---- checks that need no model
+    display.phase("checking the data and the scorer")
     try:
         inputs = check_inputs(cfg, reg)
     except InputError as e:
         for p in e.problems:
             _error(p)
-        return EXIT_BAD_INPUT
+        return EXIT_BAD_INPUT, None
     for w in inputs.warnings:
-        print(f"relax: warning: {w}", file=sys.stderr)
+        display.message(f"warning: {w}")
     train_data, eval_data, scorer = inputs.train_data, inputs.eval_data, inputs.scorer
 
     if cfg.use_rollout_logprobs and not resolved.context.engine.caps.returns_log_probs:
-        return _error(f"--use-rollout-logprobs needs an engine that returns log-probs; '{cfg.rollout_engine}' does not")
+        return _error(f"--use-rollout-logprobs needs an engine that returns log-probs; '{cfg.rollout_engine}' does not"), None
 
+    display.phase("importing torch")
     import numpy as np
     import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     from relax_core.config import config_to_dict
     from relax_core.rewarding import build_processors
@@ -152,12 +183,13 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     corr_caps = [c.caps for c in ctx.corrections]
     top_k = max([int(getattr(c, "top_k", 0) or 0) for c in corrections] + [0])
     if any(c.needs_top_k_log_probs for c in corr_caps) and top_k == 0:
-        return _error("a selected correction needs top-k log-probs but does not say how many (its object has no 'top_k')")
+        return _error("a selected correction needs top-k log-probs but does not say how many (its object has no 'top_k')"), None
     routed = any(c.needs_routed_experts for c in corr_caps)
     critic_settings = getattr(estimator, "critic_settings", None) if est_caps.needs_critic else None
 
     runtime = None
     if cfg.launcher == "ray":  # engines and training ranks as Ray actors (relax_core.distributed)
+        display.phase(f"starting Ray: rollout engines and training workers load {cfg.model}")
         from relax_core.distributed.runtime import start_ray
         from relax_core.models import load_tokenizer
 
@@ -167,14 +199,16 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
                                    "needs_top_k": top_k > 0, "routing_replay": routed})
         engine, backend = runtime.engine, runtime.backend
     else:
+        display.phase(f"loading the model {cfg.model} into the rollout engine ({cfg.rollout_engine})")
         engine = build("engine", cfg.rollout_engine)
+        display.phase(f"loading the model {cfg.model} into the training backend ({cfg.train_backend})")
         backend = build("backend", cfg.train_backend)
         backend.setup(needs_ref=cfg.needs_reference_model, needs_critic=est_caps.needs_critic,
                       needs_top_k=top_k > 0, routing_replay=routed, critic_settings=critic_settings)
 
     comps = Components(
         engine=engine, backend=backend, estimator=estimator, corrections=corrections, processors=processors,
-        score=RewardWatch(make_score(scorer, cfg), scorer, notify=lambda text: print(text, file=sys.stderr)),
+        score=RewardWatch(make_score(scorer, cfg), scorer, notify=display.message),
         needs_critic=est_caps.needs_critic,
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
         top_k=top_k, routed_experts=routed,
@@ -192,7 +226,7 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     }
     (run_dir / "run_info.json").write_text(json.dumps(info, indent=2, default=str))
     try:
-        return trainer.run()
+        return trainer.run(), trainer
     finally:
         shutdown = getattr(engine, "shutdown", None)
         if shutdown:

@@ -26,9 +26,19 @@ from typing import Any, Callable, Sequence
 CHECK_ROWS = 8
 #: Score calls (steps, evaluations) :class:`RewardWatch` looks at before it decides.
 WATCH_CALLS = 2
-TRY = ("try: --reward gsm8k (the final number, or the last \\boxed{}) for numeric labels; "
-       "--math-answer-format anchors (also 'Answer: X' lines and <answer> tags) with the math scorer; "
-       "or a --prompt-suffix that asks for the form the scorer reads (e.g. ' Put the final answer in \\boxed{}.')")
+
+
+def what_to_try(scorer_name: str) -> str:
+    """The fixes worth trying when scorer ``scorer_name`` does not reward correct answers."""
+    hints = []
+    if scorer_name != "gsm8k":
+        hints.append("--reward gsm8k (the final number, or the last \\boxed{}) for numeric labels")
+    if scorer_name == "math":
+        hints.append("--math-answer-format anchors (also 'Answer: X' lines and <answer> tags)")
+    hints.append("a --prompt-suffix that asks for the form the scorer reads (e.g. ' Put the final answer in "
+                 "\\boxed{}.')")
+    hints.append("a --label-key that names the answer field")
+    return "try: " + "; or ".join(hints)
 
 
 def _candidates(label: Any) -> list[str]:
@@ -80,20 +90,20 @@ def label_check(scorer: Any, datasets: Sequence[tuple[str, Any]], cfg: Any) -> t
             first = rows[0]
             label = str(first["label"])
             where = f"reward scorer '{name}' on {flag} {ds.name}"
-            if errors:
-                problems.append(f"{where}: raised scoring a label as the response ({errors[0]})")
+            if errors:  # the run counts such errors per sample; here it is only worth a warning
+                warnings.append(f"{where}: raised scoring a label as the response ({errors[0]})")
             elif not any(bare_ok) and not any(boxed_ok):
                 why = ("cannot score the labels at all (it returns None: not an answer it can read)"
                        if all(unscored) else f"gives 0 to the label itself ('{label}') and to '\\boxed{{{label}}}'")
                 problems.append(f"{where}: a correct answer cannot score: it {why}; "
-                                f"check --label-key (now '{cfg.label_key}') and --reward; {TRY}")
+                                f"{what_to_try(name)}")
             elif not all(a or b for a, b in zip(bare_ok, boxed_ok)):
                 n_bad = sum(not (a or b) for a, b in zip(bare_ok, boxed_ok))
                 warnings.append(f"{where}: {n_bad} of the first {len(rows)} labels cannot score even as the "
                                 f"answer itself; check those rows' labels")
             elif not any(bare_ok) and not any(_asks_for_box(r, cfg) for r in rows):
                 warnings.append(f"{where}: rewards '\\boxed{{{label}}}' but not the bare answer '{label}', and the "
-                                f"prompts do not ask for a box: a model that answers in words scores 0; {TRY}")
+                                f"prompts do not ask for a box: a model that answers in words scores 0; {what_to_try(name)}")
     return problems, warnings
 
 
@@ -150,7 +160,7 @@ class RewardWatch:
         name = self.scorer.name_for(meta)
         fn = self.scorer.resolve(meta)
         got = "was unscored (the scorer returned None)" if value is None else f"scored {value:g}"
-        hint = TRY if value is None or value <= 0 else (
+        hint = what_to_try(name) if value is None or value <= 0 else (
             "every sample is already rewarded: use harder prompts (or a stricter scorer)")
         short = response if len(response) <= 200 else response[:200] + "…"
         return (f"warning: every sample of the first {self.calls} scored batches {got} with reward scorer "

@@ -61,7 +61,7 @@ def test_dry_run_refuses_a_scorer_that_cannot_score_a_correct_answer(arith):
     r = runner.invoke(app, ["train", "--dry-run", "--data", str(arith), "--reward", "reasoning_gym"])
     assert r.exit_code == 2
     assert "reward scorer 'reasoning_gym' on --data arith: a correct answer cannot score" in r.stderr
-    assert "--reward gsm8k" in r.stderr and r.stdout == ""
+    assert "--reward gsm8k" in r.stderr and "--label-key" in r.stderr and r.stdout == ""
 
 
 def test_dry_run_warns_when_only_a_boxed_answer_scores_and_the_prompt_asks_for_none(tmp_path, arith):
