@@ -40,6 +40,7 @@ def param(
     lt: float | None = None,
     choices: tuple[Any, ...] | None = None,
     recommended: Any = _MISSING,
+    why_default: str | None = None,
 ) -> Any:
     """Declare one field of a plugin's parameter schema (use inside a ``@dataclass``).
 
@@ -54,11 +55,15 @@ def param(
             refused for floats).
         choices: allowed values.
         recommended: a recommended value shown in the docs (not applied).
+        why_default: why the default differs from ``recommended`` (shown with it by
+            ``relax plugins show`` and the docs).
     """
     meta = {"help": help, "flag": flag, "unit": unit, "ge": ge, "gt": gt, "le": le,
             "lt": lt, "choices": choices}
     if recommended is not _MISSING:
         meta["recommended"] = recommended
+    if why_default:
+        meta["why_default"] = why_default
     return field(default=default, metadata=meta)
 
 
