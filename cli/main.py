@@ -286,13 +286,20 @@ def capabilities(
 @app.command()
 def plot(
     run_dirs: list[str] = typer.Argument(..., help="Run directories (several are overlaid)."),
-    metric: list[str] = typer.Option([], "--metric", help="Metric to plot (repeatable); default: reward, response length, loss, KL."),
-    out: Optional[str] = typer.Option(None, "--out", help="PNG path (default: <first run>/metrics.png)."),
+    metric: list[str] = typer.Option([], "--metric", help="Metric to plot (repeatable; a key of metrics.jsonl); "
+                                     "default: reward (raw and smoothed), held-out evaluation, response length, and "
+                                     "those of grad norm, entropy, clipfrac and KL that vary."),
+    out: Optional[str] = typer.Option(None, "--out", help="PNG path (default: <run>/metrics.png for one run; "
+                                      "plot-<run>_vs_<run>.png next to the first run for several)."),
 ) -> None:
-    """Write a PNG of metrics against step, overlaying several runs."""
-    from relax_core.plotting import plot_runs
+    """Write a PNG of metrics against step (several runs overlaid) and print its path."""
+    from relax_core.plotting import PlotError, plot_runs
 
-    path = plot_runs(run_dirs, metrics=metric or None, out=out)
+    try:
+        path = plot_runs(run_dirs, metrics=metric or None, out=out)
+    except PlotError as e:
+        typer.echo(f"relax plot: error: {e}", err=True)
+        raise typer.Exit(2)
     typer.echo(str(path))
 
 
