@@ -25,6 +25,9 @@ from typing import Any, Iterable, Mapping
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_DATA = "rg:chain_sum?size=2000&seed=42&min_terms=2&max_terms=2&min_digits=1&max_digits=1"
+#: The default task's evaluation prompts (``--eval-data auto`` with the default ``--data``):
+#: the same generator with another seed.
+DEFAULT_EVAL_DATA = "rg:chain_sum?size=64&seed=7&min_terms=2&max_terms=2&min_digits=1&max_digits=1"
 REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 
@@ -63,9 +66,9 @@ class RunConfig:
     apply_chat_template: bool = opt(True, "Apply the tokenizer's chat template to prompts.", group="data")
     system_prompt: str | None = opt(None, "Optional system prompt.", group="data")
     prompt_suffix: str | None = opt(None, "Text appended to each prompt (default: the instruction the data source declares: 'Give only the final number.' for numeric rg: tasks, nothing for files).", group="data")
-    eval_data: str | None = opt(None, "Evaluation data (same formats as --data).", group="eval")
-    eval_interval: int = opt(0, "Evaluate every N steps (0 = never).", ge=0, group="eval")
-    n_samples_per_eval_prompt: int = opt(1, "Samples per evaluation prompt.", ge=1, group="eval")
+    eval_data: str | None = opt("auto", "Evaluation data (same formats as --data); 'auto': the default task's 64 evaluation prompts (another seed) when --data is the default, else none; 'none': no evaluation.", group="eval")
+    eval_interval: int = opt(10, "Evaluate before the first step, every N steps and after the last (0 = never).", ge=0, group="eval")
+    n_samples_per_eval_prompt: int = opt(4, "Samples per evaluation prompt.", ge=1, group="eval")
     eval_max_prompts: int = opt(64, "At most this many evaluation prompts.", ge=1, group="eval")
 
     # ---- batch shape and schedule
@@ -168,6 +171,17 @@ class RunConfig:
     @property
     def effective_loss_reduction(self) -> str:
         return "token-mean" if self.calculate_per_token_loss else self.loss_reduction
+
+    @property
+    def eval_source(self) -> str | None:
+        """The evaluation data this run uses: ``--eval-data``, or for ``auto`` the default
+        task's evaluation prompts when ``--data`` is the default; ``None`` for no
+        evaluation (also when ``--eval-interval`` is 0)."""
+        if not self.eval_interval or self.eval_data in (None, "none"):
+            return None
+        if self.eval_data == "auto":
+            return DEFAULT_EVAL_DATA if self.data == DEFAULT_DATA else None
+        return self.eval_data
 
     @property
     def is_async(self) -> bool:

@@ -93,7 +93,7 @@ def check_inputs(cfg: Any, reg: Any) -> Inputs:
     problems = [p for p in [model_problem(cfg.model)] if p]
     try:
         train_data = load_dataset(cfg.data, cfg, reg)
-        eval_data = load_dataset(cfg.eval_data, cfg, reg) if cfg.eval_data else None
+        eval_data = load_dataset(cfg.eval_source, cfg, reg) if cfg.eval_source else None
     except DataError as e:
         raise InputError(problems + [str(e)]) from None
     datasets = [("--data", train_data)] + ([("--eval-data", eval_data)] if eval_data else [])

@@ -70,7 +70,7 @@ class MetricsLogger:
         self._own_display = progress.current() is None  # outside `relax train` (tests, scripts)
         self.display = progress.start(cfg) if self._own_display else progress.current()
         self.display.begin(self.total, start_step)
-        evaluating = cfg.eval_data and cfg.eval_interval and start_step == 0
+        evaluating = cfg.eval_source and start_step == 0
         self.display.phase("held-out evaluation before step 1" if evaluating else
                            f"step {start_step + 1}: generating, scoring and training")
 

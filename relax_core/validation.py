@@ -146,7 +146,7 @@ def _data_problems(cfg: RunConfig, reg: Registry) -> list[Problem]:
     existing file."""
     out = []
     schemes = {r.spec.scheme for r in reg.components["data_source"].values()}
-    for flag, val in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
+    for flag, val in (("--data", cfg.data), ("--eval-data", cfg.eval_source)):
         if not val:
             continue
         scheme, sep, rest = val.partition(":")
