@@ -139,7 +139,6 @@ def plugins(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
     import os
 
     from rich.console import Console
-    from rich.table import Table
 
     rows = []
     for p in reg.plugins:

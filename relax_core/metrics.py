@@ -88,6 +88,7 @@ class MetricsLogger:
 
             self.display.message("held-out evaluation before step 1: " + " | ".join(metric_parts(metrics)))
             self.display.phase("step 1: generating, scoring and training")
+            self.display.begin(self.total, self.start_step)  # the ETA counts from the first step
 
     def log_samples(self, step: int, samples: list[dict]) -> None:
         with self.samples_path.open("a") as fh:

@@ -80,3 +80,15 @@ def test_quiet_is_plain_lines_even_on_a_terminal(tmp_path, capsys):
     assert cap.out.startswith("[relax] step 1/2 | ") and cap.out.rstrip().endswith("reward 0.250 | skipped 1")
     assert "[relax] hello" in cap.err
     assert progress.current() is None
+
+
+def test_eta_counts_from_the_first_step_not_from_the_evaluation_before_it(tmp_path, monkeypatch):
+    clock = {"t": 1000.0}
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock["t"])
+    log = MetricsLogger(tmp_path, RunConfig(quiet=True, num_rollout=11, eval_interval=10), {})
+    clock["t"] += 600  # a slow evaluation before step 1
+    log.log(0, {"eval/chain_sum/pass@1": 0.2})
+    clock["t"] += 10  # step 1 takes 10 s
+    log.log(1, {"rollout/raw_reward": 0.5})
+    assert log.display._eta() == "eta 1:40"  # 10 more steps of 10 s, not of 610 s
+    log.close()
