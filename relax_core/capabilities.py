@@ -204,6 +204,22 @@ def _fields_check(ctx: Context, caps: Any) -> str | None:
     return "reads the batch field " + "; ".join(parts)
 
 
+def _group_problem(ctx: Context, c: Any) -> str | None:
+    """A group-relative estimator (``min_group_size >= 2``) learns from the differences
+    between the samples of a group: too small a group, or greedy sampling (temperature 0
+    or top-k 1: every sample of a group is the same), gives zero advantages forever."""
+    cfg = ctx.cfg
+    if cfg.n_samples_per_prompt < c.min_group_size:
+        return (f"needs --n-samples-per-prompt >= {c.min_group_size} (got {cfg.n_samples_per_prompt}): "
+                "its reward stage is undefined for a smaller group")
+    greedy = ("--rollout-temperature 0" if cfg.rollout_temperature == 0 else
+              "--rollout-top-k 1" if cfg.rollout_top_k == 1 else None)
+    if c.min_group_size >= 2 and greedy:
+        return (f"compares the samples of a group, but with {greedy} every sample of a group is identical, "
+                "so every advantage is 0 and nothing is learned")
+    return None
+
+
 E, C, G, B, P = "estimator", "correction", "engine", "backend", "reward_processor"
 
 CAPABILITIES: tuple[Capability, ...] = (
@@ -221,9 +237,9 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(E, "needs_critic", "critic", "Needs a value model (critic role).",
                lambda ctx, c: f"needs a critic, but backend '{ctx.backend.name}' cannot train one" if c.needs_critic and ctx.backend and not ctx.backend.caps.supports_critic else None,
                "choose a --train-backend that declares supports_critic (torch)"),
-    Capability(E, "min_group_size", "min n", "Smallest --n-samples-per-prompt for which its reward stage is defined.",
-               lambda ctx, c: f"needs --n-samples-per-prompt >= {c.min_group_size} (got {ctx.cfg.n_samples_per_prompt}): its reward stage is undefined for a smaller group" if ctx.cfg.n_samples_per_prompt < c.min_group_size else None,
-               "raise --n-samples-per-prompt"),
+    Capability(E, "min_group_size", "min n", "Smallest --n-samples-per-prompt for which its reward stage is defined (2 or more: a group-relative baseline, which needs samples that differ).",
+               _group_problem,
+               "raise --n-samples-per-prompt, and sample with --rollout-temperature > 0 and a --rollout-top-k other than 1"),
     Capability(E, "requires_complete_groups", "whole groups", "Every group must hold all its samples.",
                lambda ctx, c: "needs complete groups, but --partial-rollout can split them" if c.requires_complete_groups and ctx.cfg.partial_rollout else None,
                "drop --partial-rollout"),

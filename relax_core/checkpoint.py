@@ -268,8 +268,8 @@ def run_disk_usage(run_dir: str | Path) -> int:
 
 
 def format_size(n: int) -> str:
-    """``1536`` -> ``"1.5 KB"`` (powers of 1000, as ``du --si``)."""
-    for unit in ("B", "KB", "MB", "GB"):
+    """``1536`` -> ``"1.5 kB"`` (powers of 1000, as ``du -h --si``)."""
+    for unit in ("B", "kB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000

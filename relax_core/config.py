@@ -25,6 +25,9 @@ from typing import Any, Iterable, Mapping
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_DATA = "rg:chain_sum?size=2000&seed=42&min_terms=2&max_terms=2&min_digits=1&max_digits=1"
+#: The default task's evaluation prompts (``--eval-data auto`` with the default ``--data``):
+#: the same generator with another seed.
+DEFAULT_EVAL_DATA = "rg:chain_sum?size=64&seed=7&min_terms=2&max_terms=2&min_digits=1&max_digits=1"
 REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 
@@ -62,10 +65,10 @@ class RunConfig:
     skip_bad_rows: bool = opt(False, "Skip (and count) malformed data rows instead of failing.", group="data")
     apply_chat_template: bool = opt(True, "Apply the tokenizer's chat template to prompts.", group="data")
     system_prompt: str | None = opt(None, "Optional system prompt.", group="data")
-    prompt_suffix: str = opt(" Give only the final number.", "Text appended to each prompt.", group="data")
-    eval_data: str | None = opt(None, "Evaluation data (same formats as --data).", group="eval")
-    eval_interval: int = opt(0, "Evaluate every N steps (0 = never).", ge=0, group="eval")
-    n_samples_per_eval_prompt: int = opt(1, "Samples per evaluation prompt.", ge=1, group="eval")
+    prompt_suffix: str | None = opt(None, "Text appended to each prompt (default: the instruction the data source declares: 'Give only the final number.' for numeric rg: tasks, nothing for files).", group="data")
+    eval_data: str | None = opt("auto", "Evaluation data (same formats as --data); 'auto': the default task's 64 evaluation prompts (another seed) when --data is the default, else none; 'none': no evaluation.", group="eval")
+    eval_interval: int = opt(10, "Evaluate before the first step, every N steps and after the last (0 = never).", ge=0, group="eval")
+    n_samples_per_eval_prompt: int = opt(4, "Samples per evaluation prompt.", ge=1, group="eval")
     eval_max_prompts: int = opt(64, "At most this many evaluation prompts.", ge=1, group="eval")
 
     # ---- batch shape and schedule
@@ -139,7 +142,7 @@ class RunConfig:
     # ---- output and checkpoints
     output_dir: str = opt("runs", "Directory in which each run gets its own folder.", group="output")
     run_name: str | None = opt(None, "Run folder name (default: <estimator>-<timestamp>).", group="output")
-    seed: int = opt(1234, "Random seed.", group="output")
+    seed: int = opt(1234, "Random seed.", ge=0, group="output")
     save: str | None = opt(None, "Checkpoint directory (default: <run dir>/checkpoints).", group="output")
     save_interval: int = opt(0, "Checkpoint every N steps (0 = only at the end and on SIGINT).", ge=0, group="output")
     keep_checkpoints: int = opt(2, "Keep the newest N complete checkpoints (older ones are removed once their successor is complete).", ge=1, group="output")
@@ -172,6 +175,17 @@ class RunConfig:
     @property
     def effective_loss_reduction(self) -> str:
         return "token-mean" if self.calculate_per_token_loss else self.loss_reduction
+
+    @property
+    def eval_source(self) -> str | None:
+        """The evaluation data this run uses: ``--eval-data``, or for ``auto`` the default
+        task's evaluation prompts when ``--data`` is the default; ``None`` for no
+        evaluation (also when ``--eval-interval`` is 0)."""
+        if not self.eval_interval or self.eval_data in (None, "none"):
+            return None
+        if self.eval_data == "auto":
+            return DEFAULT_EVAL_DATA if self.data == DEFAULT_DATA else None
+        return self.eval_data
 
     @property
     def is_async(self) -> bool:
@@ -235,9 +249,70 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
+#: Option names people bring from other trainers -> (Relax's option, where the name is from).
+#: Used only to suggest the right flag or YAML key; dotted verl keys match on their last one
+#: or two parts (``actor_rollout_ref.rollout.n`` -> ``rollout_n``).
+KNOWN_NAMES: dict[str, tuple[str, str]] = {
+    "learning_rate": ("lr", "TRL"), "actor_lr": ("lr", "verl"),
+    "num_steps": ("num_rollout", "TRL"), "max_steps": ("num_rollout", "TRL"),
+    "total_training_steps": ("num_rollout", "verl"), "num_train_steps": ("num_rollout", "TRL"),
+    "num_generations": ("n_samples_per_prompt", "TRL"), "rollout_n": ("n_samples_per_prompt", "verl"),
+    "n_samples": ("n_samples_per_prompt", "verl"), "group_size": ("n_samples_per_prompt", "GRPO papers"),
+    "beta": ("kl_loss_coef", "TRL"), "kl_beta": ("kl_loss_coef", "TRL"),
+    "kl_penalty": ("kl_loss_type", "verl"), "kl_loss_type": ("kl_loss_type", "verl"),
+    "use_kl_loss": ("use_kl_loss", "verl"), "entropy_coeff": ("entropy_coef", "verl"),
+    "epsilon": ("eps_clip", "TRL"), "cliprange": ("eps_clip", "TRL"), "clip_ratio": ("eps_clip", "verl"),
+    "clip_ratio_low": ("eps_clip", "verl"), "epsilon_high": ("eps_clip_high", "TRL"),
+    "clip_ratio_high": ("eps_clip_high", "verl"), "clip_ratio_c": ("eps_clip_c", "verl"),
+    "temperature": ("rollout_temperature", "TRL/verl"), "top_p": ("rollout_top_p", "TRL/verl"),
+    "top_k": ("rollout_top_k", "TRL/verl"), "repetition_penalty": ("rollout_repetition_penalty", "TRL"),
+    "max_completion_length": ("rollout_max_response_len", "TRL"), "max_new_tokens": ("rollout_max_response_len", "transformers"),
+    "max_response_length": ("rollout_max_response_len", "verl"), "response_length": ("rollout_max_response_len", "verl"),
+    "max_grad_norm": ("clip_grad", "TRL"), "grad_clip": ("clip_grad", "verl"),
+    "warmup_steps": ("lr_warmup_steps", "TRL"), "lr_warmup_steps_ratio": ("lr_warmup_steps", "verl"),
+    "per_device_train_batch_size": ("micro_batch_size", "TRL"),
+    "ppo_micro_batch_size_per_gpu": ("micro_batch_size", "verl"), "ppo_mini_batch_size": ("global_batch_size", "verl"),
+    "train_batch_size": ("rollout_batch_size", "verl"), "num_iterations": ("num_steps_per_rollout", "TRL"),
+    "ppo_epochs": ("num_steps_per_rollout", "verl"), "adv_estimator": ("advantage_estimator", "verl"),
+    "loss_type": ("loss_reduction", "TRL"), "loss_agg_mode": ("loss_reduction", "verl"),
+    "scale_rewards": ("disable_rewards_normalization", "TRL"), "norm_adv_by_std_in_grpo": ("disable_rewards_normalization", "verl"),
+    "model_name_or_path": ("model", "TRL"), "model_path": ("model", "verl"), "hf_checkpoint": ("model", "slime"),
+    "model_name": ("model", "TRL"), "dataset": ("data", "TRL"), "dataset_name": ("data", "TRL"),
+    "train_files": ("data", "verl"), "prompt_data": ("data", "slime"), "val_files": ("eval_data", "verl"),
+    "eval_dataset": ("eval_data", "TRL"), "eval_prompt_data": ("eval_data", "slime"),
+    "input_key": ("prompt_key", "slime"), "prompt_column": ("prompt_key", "TRL"),
+    "save_steps": ("save_interval", "TRL"), "save_freq": ("save_interval", "verl"),
+    "eval_steps": ("eval_interval", "TRL"), "test_freq": ("eval_interval", "verl"),
+    "load": ("resume", "slime"), "resume_from_checkpoint": ("resume", "TRL"),
+    "rm_type": ("reward", "slime"), "reward_funcs": ("reward", "TRL"), "reward_manager": ("reward", "verl"),
+    "project_name": ("wandb_project", "verl"), "experiment_name": ("run_name", "verl"),
+}
+
+
+def _norm(name: str) -> str:
+    return name.strip().lstrip("-").split("=", 1)[0].replace("-", "_").lower()
+
+
+def suggestion(key: str, valid: Iterable[str]) -> tuple[str, str] | None:
+    """The valid option closest to ``key``, in the form ``valid`` uses (``--lr`` or ``lr``),
+    and why: first the :data:`KNOWN_NAMES` of TRL, verl and slime, then spelling
+    similarity.  ``None`` when nothing is close."""
+    by_norm = {_norm(v): v for v in valid}
+    parts = _norm(key).split(".")
+    for cand in ("_".join(parts[-2:]), parts[-1]) if len(parts) > 1 else (parts[0],):
+        if cand in KNOWN_NAMES and KNOWN_NAMES[cand][0] in by_norm:
+            target, origin = KNOWN_NAMES[cand]
+            return by_norm[target], f"{origin} calls it {cand}"
+    close = difflib.get_close_matches(parts[-1], list(by_norm), n=1, cutoff=0.75)
+    return (by_norm[close[0]], "") if close else None
+
+
 def _suggest(key: str, valid: Iterable[str]) -> str:
-    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    found = suggestion(key, valid)
+    if found is None:
+        return ""
+    target, why = found
+    return f" (did you mean '{target}'?{' ' + why if why else ''})"
 
 
 def _field_type(f: dataclasses.Field) -> str:
@@ -443,28 +518,58 @@ def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
 # --------------------------------------------------------------------------- argparse
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, param_schemas: Mapping[str, type]) -> None:
+def show_default(value: Any) -> str | None:
+    """A default as ``--help`` and the docs print it (``None`` when there is nothing to show):
+    ``on``/``off`` for switches, quoted text as typed (no escaping), numbers as Python writes them."""
+    if value is None or value == ():
+        return None
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return ", ".join(map(str, value))
+    if isinstance(value, str):
+        return f"'{value}'"
+    return repr(value)
+
+
+def _help(text: str, default: Any) -> str:
+    """Help text plus its default, once (not when the text already says it); ``%`` escaped."""
+    shown = show_default(default)
+    if shown is not None and "default" not in text.lower():
+        text = f"{text} (default: {shown})"
+    return text.replace("%", "%%")
+
+
+def _metavar(t: str, choices: Iterable[Any] | None) -> str:
+    return "{" + ",".join(map(str, choices)) + "}" if choices else t.upper()
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, param_schemas: Mapping[str, type],
+                         choices: Mapping[str, Iterable[str]] | None = None) -> None:
     """Add one flag per core option and per plugin parameter.  Destinations are field
     names (core) and ``component.param`` (plugins); defaults are ``SUPPRESS`` so that
-    only flags actually given reach :func:`build_config`."""
+    only flags actually given reach :func:`build_config`.  ``choices`` (field name ->
+    installed component names) and the fields' own ``choices`` are listed in the help;
+    they are checked by validation, not by argparse, so that every problem is reported."""
+    choices = dict(choices or {})
     groups: dict[str, argparse._ArgumentGroup] = {}
     for f in config_fields():
         g = groups.setdefault(f.metadata["group"], parser.add_argument_group(f.metadata["group"]))
         names = [flag_of(f), *f.metadata.get("aliases", ())]
         t = _field_type(f).replace("|None", "")
-        default_txt = f"(default: {f.default!r})"
-        if t == "bool":
+        valid = f.metadata.get("choices") or choices.get(f.name)
+        if t == "bool" and f.default is True:
+            g.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                           help=_help(f.metadata["help"], True))
+        elif t == "bool":
             g.add_argument(*names, dest=f.name, action="store_true", default=argparse.SUPPRESS,
-                           help=f"{f.metadata['help']}")
-            if f.default is True:
-                g.add_argument("--no-" + flag_of(f)[2:], dest=f.name, action="store_false",
-                               default=argparse.SUPPRESS, help=f"Turn off {flag_of(f)}.")
+                           help=_help(f.metadata["help"], False))
         elif f.metadata.get("repeat"):
             g.add_argument(*names, dest=f.name, action="append", default=argparse.SUPPRESS,
-                           metavar="NAME", help=f"{f.metadata['help']}")
+                           metavar=_metavar("name", valid), help=_help(f.metadata["help"], f.default))
         else:
-            g.add_argument(*names, dest=f.name, default=argparse.SUPPRESS, metavar=t.upper(),
-                           help=f"{f.metadata['help']} {default_txt}")
+            g.add_argument(*names, dest=f.name, default=argparse.SUPPRESS, metavar=_metavar(t, valid),
+                           help=_help(f.metadata["help"], f.default))
     collisions = flag_collisions(param_schemas)
     if collisions:
         raise ConfigError(collisions)
@@ -472,28 +577,58 @@ def add_config_arguments(parser: argparse.ArgumentParser, param_schemas: Mapping
     for comp, schema in sorted(param_schemas.items()):
         for pf in fields(schema):
             seen.setdefault(param_flag(comp, pf), []).append(f"{comp}.{pf.name}")
-    pg = parser.add_argument_group("plugin parameters")
+    pg = parser.add_argument_group("plugin parameters (each applies when its component is selected)")
     for flag, dests in seen.items():
         comp, name = dests[0].split(".")
         pf = {x.name: x for x in fields(param_schemas[comp])}[name]
         t = _field_type(pf).replace("|None", "")
         owners = ", ".join(d.split(".")[0] for d in dests)
-        if t == "bool":
+        text = f"[{owners}] {pf.metadata.get('help', '')}"
+        if t == "bool" and pf.default is True:
+            pg.add_argument(flag, dest="param:" + flag, action=argparse.BooleanOptionalAction,
+                            default=argparse.SUPPRESS, help=_help(text, True))
+        elif t == "bool":
             pg.add_argument(flag, dest="param:" + flag, action="store_true", default=argparse.SUPPRESS,
-                            help=f"[{owners}] {pf.metadata.get('help', '')}")
-            if pf.default is True:
-                pg.add_argument("--no-" + flag[2:], dest="param:" + flag, action="store_false",
-                                default=argparse.SUPPRESS, help=f"Turn off {flag}.")
+                            help=_help(text, False))
         else:
-            pg.add_argument(flag, dest="param:" + flag, default=argparse.SUPPRESS, metavar=t.upper(),
-                            help=f"[{owners}] {pf.metadata.get('help', '')} (default: {pf.default!r})")
+            pg.add_argument(flag, dest="param:" + flag, default=argparse.SUPPRESS,
+                            metavar=_metavar(t, pf.metadata.get("choices")), help=_help(text, pf.default))
     parser.set_defaults(_param_flags=seen)
 
 
-def parse_cli(args: list[str], param_schemas: Mapping[str, type], prog: str = "relax train") -> tuple[dict[str, Any], str | None, argparse.Namespace]:
-    """Parse ``relax train`` arguments.  Returns ``(cli_values, config_path, namespace)``."""
-    parser = make_parser(param_schemas, prog)
-    ns = parser.parse_args(args)
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def join_negative_values(args: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``["--lr", "-1e-5"]`` → ``["--lr=-1e-5"]``: a negative number after an option that takes
+    a value is that value (argparse alone reads ``-1e-5`` as an unknown option), so that
+    the range check can answer."""
+    takes_value = {s for a in parser._actions if a.nargs != 0 for s in a.option_strings}
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in takes_value and i + 1 < len(args) and args[i + 1].startswith("-") and _is_number(args[i + 1]):
+            out.append(f"{a}={args[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def parse_cli(args: list[str], param_schemas: Mapping[str, type], prog: str = "relax train",
+              choices: Mapping[str, Iterable[str]] | None = None) -> tuple[dict[str, Any], str | None, argparse.Namespace]:
+    """Parse ``relax train`` arguments.  Returns ``(cli_values, config_path, namespace)``.
+
+    ``choices``: field name -> the installed component names, listed by ``--help``."""
+    parser = make_parser(param_schemas, prog, choices)
+    ns = parser.parse_args(join_negative_values(list(args), parser))
     cli: dict[str, Any] = {}
     flags = ns.__dict__.pop("_param_flags", {})
     for k, v in list(vars(ns).items()):
@@ -515,9 +650,39 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n(`{self.prog} --help` lists every option)\n")
 
 
-def make_parser(param_schemas: Mapping[str, type], prog: str = "relax train") -> argparse.ArgumentParser:
-    parser = _Parser(prog=prog, description="Train a language model with RL.", allow_abbrev=False)
-    parser.add_argument("--config", default=None, help="YAML file of options (flags win).")
-    parser.add_argument("--dry-run", action="store_true", help="Validate, print the resolved config and plugins, and exit.")
-    add_config_arguments(parser, param_schemas)
+EXAMPLES = """\
+Train a language model with RL (with --dry-run: check everything, start nothing).
+
+examples:
+  relax train                                  the default run: GRPO, SmolLM2-135M-Instruct, chain_sum
+  relax train --data my.jsonl --advantage-estimator rloo --calculate-per-token-loss
+  relax train --config examples/recipes/cispo.yaml --lr 1e-5    a recipe; flags win over the file
+  relax train --dry-run --advantage-estimator m2po             validate only: exit 2 listing every problem
+
+Every option is also a key of the --config YAML file (with dashes or underscores).
+Names from TRL, verl and slime (--learning-rate, --num-generations, --beta, ...) are
+answered with the Relax flag to use.
+"""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description as written; an option with aliases shows its value once
+    (``--advantage-estimator, --estimator {grpo,...}``)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings or action.nargs == 0:
+            return super()._format_action_invocation(action)
+        return ", ".join(action.option_strings) + " " + self._format_args(action, action.dest.upper())
+
+
+def make_parser(param_schemas: Mapping[str, type], prog: str = "relax train",
+                choices: Mapping[str, Iterable[str]] | None = None) -> argparse.ArgumentParser:
+    """The ``relax train`` parser: a one-line usage and examples first, then the options by
+    group with their choices and defaults."""
+    parser = _Parser(prog=prog, usage="%(prog)s [OPTIONS]", description=EXAMPLES, allow_abbrev=False,
+                     formatter_class=_HelpFormatter)
+    parser.add_argument("--config", default=None, metavar="FILE.yaml", help="YAML file of options (flags win).")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="Check the configuration, the data and the scorer, print the resolved config, and exit.")
+    add_config_arguments(parser, param_schemas, choices)
     return parser

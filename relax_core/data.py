@@ -10,7 +10,14 @@ Sources (``--data`` / ``--eval-data``):
   A file whose rows have ``question`` and ``answer`` but not the prompt/label keys is read
   as GSM8K.
 
-Every row becomes ``{"prompt": str, "label": Any, "metadata": dict}``.  Problems are found
+Every row becomes ``{"prompt": str, "label": Any, "metadata": dict}``, where ``prompt`` is
+the user turn as the model gets it: the source's prompt plus ``--prompt-suffix`` when given,
+else plus the instruction the data source declares for that row (a source row may carry a
+``"prompt_suffix"``: the ``rg:`` source asks numeric tasks for "Give only the final number.");
+file and GSM8K prompts are sent unchanged.  Under ``--reward auto`` a file row whose
+metadata names no scorer and whose label is a plain number is scored on its final number
+(the ``gsm8k`` scorer: last boxed answer, else last number), so that an answer written
+naturally ("4 + 9 = 13") scores; any other label gets the ``math`` scorer.  Problems are found
 here, before any model loads: a malformed row raises :class:`DataError` naming the file
 and line (or, with ``--skip-bad-rows``, is skipped and counted), and so do a label key that
 is absent from the data and an empty dataset.
@@ -27,6 +34,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from relax_core.answers import parse_number
 
 GSM8K_SCHEME = "gsm8k"
 
@@ -143,6 +152,9 @@ def _from_file(path: Path, cfg: Any, gsm8k: bool) -> Dataset:
             ds.skipped += 1
             ds.problems.append(msg)
             continue
+        row["prompt"] += cfg.prompt_suffix or ""  # files: only an explicit --prompt-suffix
+        if "scorer" not in row["metadata"] and parse_number(row["label"]) is not None:
+            row["metadata"] = {**row["metadata"], "scorer": "gsm8k"}  # final-number scoring
         ds.rows.append(row)
     return ds
 
@@ -178,9 +190,11 @@ def load_dataset(source: str, cfg: Any, registry: Any = None) -> Dataset:
         ds = Dataset(name=rest.split("?")[0] or scheme, rows=[])
         for i, raw in enumerate(raw_rows):
             try:
-                ds.rows.append(_row_from_keys(raw, "prompt", "label", "metadata"))
+                row = _row_from_keys(raw, "prompt", "label", "metadata")
             except (ValueError, TypeError) as e:
                 raise DataError(f"{source}: row {i}: {e}") from None
+            row["prompt"] += (raw.get("prompt_suffix") or "") if cfg.prompt_suffix is None else cfg.prompt_suffix
+            ds.rows.append(row)
     elif sep and len(scheme) > 1 and not Path(source).expanduser().exists():
         known = ", ".join(sorted([*sources, GSM8K_SCHEME]))
         raise DataError(f"--data {source}: unknown data source '{scheme}:' (known: {known}); "
@@ -221,10 +235,10 @@ def fingerprint_change(saved: dict, now: dict) -> str | None:
 
 
 def prompt_messages(prompt: str, cfg: Any) -> list[dict]:
-    """Chat messages of one prompt: optional system prompt, then the user turn with the
-    configured ``--prompt-suffix`` appended."""
+    """Chat messages of one prompt: optional system prompt, then the user turn (the row's
+    prompt, which already holds its suffix: see :func:`load_dataset`)."""
     msgs = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
-    return msgs + [{"role": "user", "content": prompt + cfg.prompt_suffix}]
+    return msgs + [{"role": "user", "content": prompt}]
 
 
 def prompt_text(prompt: str, tokenizer: Any, cfg: Any) -> str:

@@ -96,6 +96,8 @@ def component_page(reg: Registry, kind: str, name: str) -> str:
         out += ["## Parameters", "", "| flag | default | allowed | description |", "|---|---|---|---|"]
         for f in dataclasses.fields(s.params):
             rec = f" (recommended: `{f.metadata['recommended']!r}`)" if "recommended" in f.metadata else ""
+            if f.metadata.get("why_default"):
+                rec += f"; the default differs: {f.metadata['why_default']}"
             out.append(f"| `{param_flag(name, f)}` | `{f.default!r}`{rec} | {_cell(_bounds(f.metadata))} | {_cell(f.metadata.get('help', ''))} |")
         out.append("")
     caps = s.capabilities_for()

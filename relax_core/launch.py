@@ -11,6 +11,7 @@ Ctrl-C: checkpoint saved; second Ctrl-C: aborted, the last complete checkpoint i
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import sys
@@ -27,7 +28,14 @@ EXIT_INTERRUPTED = 130
 
 
 class BadInput(ValueError):
-    """A problem found before any model loads (exit 2); the message names the fix."""
+    """Problems found before any model loads (exit 2); each names its fix.
+
+    Attributes:
+        problems: one line per problem (the message joins them)."""
+
+    def __init__(self, problems: list[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
 
 
 def _error(msg: str) -> int:
@@ -72,36 +80,47 @@ class Preflight:
     run_dir: Path
     resume_from: Path | None
     """The checkpoint ``--resume`` continues from (``None``: a fresh start)."""
+    warnings: list[str]
+    """Lines to show the user (e.g. a scorer that gives a correct label less than full reward)."""
 
 
 def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
-    """Everything ``relax train`` checks before a model loads, changing nothing on disk:
-    the data (file, line and column of a fault), the scorer, the engine's log-probs, the run
-    directory (a fresh start into one that holds a run needs ``--force``) and, with
+    """Everything ``relax train`` checks before a model loads, changing nothing on disk, and
+    what ``--dry-run`` checks too: the model name (:func:`relax_core.models.model_problem`),
+    the data (file, line and column of a fault), the scorer (installed, builds, and a correct
+    label scores: :func:`relax_core.reward_check.label_check`), the engine's log-probs, the
+    run directory (a fresh start into one that holds a run needs ``--force``) and, with
     ``--resume``, the checkpoint's data fingerprint.
 
     Raises:
-        BadInput: naming the problem and its fix.
+        BadInput: listing the problems, each with its fix.
     """
     from relax_core import checkpoint as ckpt
     from relax_core.data import DataError, fingerprint_change, load_dataset
+    from relax_core.models import model_problem
     from relax_core.resume import checkpoint_dir, holds_run
+    from relax_core.reward_check import label_check
     from relax_core.rewarding import RewardSetupError, resolve_scorer
 
+    problems = [p for p in [model_problem(cfg.model)] if p]
     try:
         train_data = load_dataset(cfg.data, cfg, reg)
-        eval_data = load_dataset(cfg.eval_data, cfg, reg) if cfg.eval_data else None
+        eval_data = load_dataset(cfg.eval_source, cfg, reg) if cfg.eval_source else None
     except DataError as e:
-        raise BadInput(str(e)) from None
+        raise BadInput(problems + [str(e)]) from None
+    datasets = [("--data", train_data)] + ([("--eval-data", eval_data)] if eval_data else [])
     try:
         scorer = resolve_scorer(cfg, reg)
-        for ds in (train_data, eval_data):
-            if ds is not None:
-                scorer.check([r["metadata"] for r in ds.rows])
+        for _, ds in datasets:
+            scorer.check([r["metadata"] for r in ds.rows])
     except RewardSetupError as e:
-        raise BadInput(str(e)) from None
+        raise BadInput(problems + [str(e)]) from None
+    label_problems, warnings = label_check(scorer, datasets, cfg)
+    problems += label_problems
     if cfg.use_rollout_logprobs and "rollout_log_probs" not in resolved.context.engine.caps.provides_fields:
-        raise BadInput(f"--use-rollout-logprobs needs an engine that returns log-probs; '{cfg.rollout_engine}' does not")
+        problems.append(f"--use-rollout-logprobs needs an engine that returns log-probs; '{cfg.rollout_engine}' does not")
+    if problems:
+        raise BadInput(problems)
 
     run_dir = find_run_dir(cfg)
     ckpt_dir = checkpoint_dir(cfg, run_dir)
@@ -120,7 +139,7 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
                            "row count: the data position carries over; otherwise they are read from their start)")
         if change:
             print(f"relax: --resume-allow-data-change: training data changed ({change})", file=sys.stderr)
-    return Preflight(train_data, eval_data, scorer, run_dir, resume_from)
+    return Preflight(train_data, eval_data, scorer, run_dir, resume_from, warnings)
 
 
 def prepare_run_dir(cfg: Any, run_dir: Path, fresh: bool) -> None:
@@ -163,20 +182,34 @@ def plugin_versions(reg: Any) -> dict[str, str]:
 def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     """Run ``relax train`` with a validated config; returns the exit code.
 
-    A Ctrl-C that stops the run at once (a second one during training, or one before
-    training starts) gives one line and exit 130, no traceback; a checkpoint that cannot be
-    written gives one line naming the previous (intact) checkpoint and exit 5.
+    The run's display (:mod:`relax_core.progress`) is open from the first check on and names
+    each start-up phase; a run that reached its loop ends with the summary
+    (:mod:`relax_core.summary`).  A Ctrl-C that stops the run at once (a second one during
+    training, or one before training starts) gives one line and exit 130, no traceback; a
+    checkpoint that cannot be written gives one line naming the previous (intact)
+    checkpoint and exit 5.
     """
     from relax_core import checkpoint as ckpt
+    from relax_core import progress
     from relax_core.resume import checkpoint_dir
 
-    run_dir = None
+    # transformers' "Loading weights" / "Writing model shards" bars: read at its import by
+    # worker processes (Ray), switched off in this one by _launch
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    t0 = time.monotonic()
+    display = progress.start(cfg)
+    run_dir, trainer = None, None
     try:
+        display.phase("checking the data and the scorer")
         checked = preflight(cfg, resolved, reg)
         run_dir = checked.run_dir
-        code = _launch(cfg, resolved, reg, checked)
+        for w in checked.warnings:
+            display.message(f"warning: {w}")
+        code, trainer = _launch(cfg, resolved, reg, checked, display)
     except BadInput as e:
-        return _error(str(e))
+        for p in e.problems:
+            _error(p)
+        return EXIT_BAD_INPUT
     except ckpt.CheckpointError as e:
         print(f"relax: error: {e}; free space or fix the directory, then continue with --resume", file=sys.stderr)
         return EXIT_CHECKPOINT_FAILED
@@ -185,19 +218,31 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
         print("relax: aborted by Ctrl-C; " + (f"the last complete checkpoint is {last} (continue with --resume)"
                                               if last else "no checkpoint was written"), file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-    print(f"relax: run directory {run_dir}: {ckpt.format_size(ckpt.run_disk_usage(run_dir))} on disk", file=sys.stderr)
+    finally:
+        progress.close()
+    if trainer is not None:
+        from relax_core.summary import summary_lines
+
+        print("\n".join(summary_lines(trainer.run_dir, total=cfg.num_rollout, wall_s=time.monotonic() - t0,
+                                      ckpt_dir=trainer.ckpt_dir)), flush=True)
     return code
 
 
-def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight) -> int:
+def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any) -> tuple[int, Any]:
+    """The body of :func:`launch`: ``(exit code, the trainer once its loop ran, else None)``."""
     train_data, eval_data, scorer = checked.train_data, checked.eval_data, checked.scorer
 
+    display.phase("importing torch")
     import numpy as np
     import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     from relax_core.config import config_to_dict
     from relax_core.rewarding import build_processors
     from relax_core.metrics import git_commit
+    from relax_core.reward_check import RewardWatch
     from relax_core.trainer import Components, build_trainer
 
     random.seed(cfg.seed)
@@ -219,12 +264,13 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight) -> int:
     corr_caps = [c.caps for c in ctx.corrections]
     top_k = max([int(getattr(c, "top_k", 0) or 0) for c in corrections] + [0])
     if any("top_k_log_probs" in c.requires_fields for c in corr_caps) and top_k == 0:
-        return _error("a selected correction needs top-k log-probs but does not say how many (its object has no 'top_k')")
+        return _error("a selected correction needs top-k log-probs but does not say how many (its object has no 'top_k')"), None
     routed = any("routed_experts" in c.requires_fields for c in corr_caps)
     critic_settings = getattr(estimator, "critic_settings", None) if est_caps.needs_critic else None
 
     runtime = None
     if cfg.launcher == "ray":  # engines and training ranks as Ray actors (relax_core.distributed)
+        display.phase(f"starting Ray: rollout engines and training workers load {cfg.model}")
         from relax_core.distributed.runtime import start_ray
         from relax_core.models import load_tokenizer
 
@@ -234,14 +280,17 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight) -> int:
                                    "needs_top_k": top_k > 0, "routing_replay": routed})
         engine, backend = runtime.engine, runtime.backend
     else:
+        display.phase(f"loading the model {cfg.model} into the rollout engine ({cfg.rollout_engine})")
         engine = build("engine", cfg.rollout_engine)
+        display.phase(f"loading the model {cfg.model} into the training backend ({cfg.train_backend})")
         backend = build("backend", cfg.train_backend)
         backend.setup(needs_ref=cfg.needs_reference_model, needs_critic=est_caps.needs_critic,
                       needs_top_k=top_k > 0, routing_replay=routed, critic_settings=critic_settings)
 
     comps = Components(
         engine=engine, backend=backend, estimator=estimator, corrections=corrections, processors=processors,
-        score=make_score(scorer, cfg), needs_critic=est_caps.needs_critic,
+        score=RewardWatch(make_score(scorer, cfg), scorer, notify=display.message),
+        needs_critic=est_caps.needs_critic,
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
         top_k=top_k, routed_experts=routed,
         num_critic_only_steps=critic_settings.num_critic_only_steps if critic_settings else 0)
@@ -257,11 +306,11 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight) -> int:
     }
     (run_dir / "run_info.json").write_text(json.dumps(info, indent=2, default=str))
     try:
-        return trainer.run()
+        return trainer.run(), trainer
     except Exception as e:
         if runtime is None or not runtime.worker_died(e):
             raise
-        return _error_worker_died(e, trainer.ckpt_dir)
+        return _error_worker_died(e, trainer.ckpt_dir), trainer
     finally:
         shutdown = getattr(engine, "shutdown", None)
         if shutdown:

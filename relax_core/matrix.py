@@ -73,8 +73,10 @@ def matrix_markdown(reg: Registry, kind: str | None = None) -> str:
 
 
 def matrix_tables(reg: Registry, kind: str | None = None, width: int | None = None) -> list:
-    """rich tables, one per kind: one row per component, one column per capability; a
-    table wider than ``width`` (the terminal) is transposed so that it stays readable."""
+    """rich tables, one per kind: one row per component and one column per capability when
+    that fits ``width`` (the terminal); otherwise transposed, one row per capability and one
+    column per component, split into as many tables as it takes.  Component names and
+    capability titles are never cut; values wrap."""
     from rich.table import Table
 
     tables = []
@@ -82,23 +84,38 @@ def matrix_tables(reg: Registry, kind: str | None = None, width: int | None = No
         if k not in _TITLES:
             continue
         caps_rows = [c for c in rows(k) if c.matrix]
-        comps = sorted(reg.components[k].items())
-        cells = {name: [format_value(getattr(r.spec.capabilities_for(), c.field)) for c in caps_rows]
-                 for name, r in comps}
-        need = 4 + sum(3 + max(len(c.title), *(len(cells[n][i]) for n, _ in comps), 1)
-                       for i, c in enumerate(caps_rows))
-        t = Table(title=_TITLES[k])
+        comps = [name for name, _ in sorted(reg.components[k].items())]
+        cells = {name: [format_value(getattr(reg.components[k][name].spec.capabilities_for(), c.field))
+                        for c in caps_rows] for name in comps}
+        name_w = max(map(len, comps), default=0)
+        need = 4 + name_w + sum(3 + max(len(c.title), *(len(cells[n][i]) for n in comps), 1)
+                                for i, c in enumerate(caps_rows))
         if width is None or need <= width or not comps:
-            t.add_column("component")
+            t = Table(title=_TITLES[k])
+            t.add_column("component", no_wrap=True, min_width=name_w)
             for c in caps_rows:
                 t.add_column(c.title)
-            for name, _ in comps:
+            for name in comps:
                 t.add_row(name, *cells[name])
-        else:
-            t.add_column("capability")
-            for name, _ in comps:
-                t.add_column(name)
-            for i, c in enumerate(caps_rows):
-                t.add_row(c.title, *[cells[name][i] for name, _ in comps])
-        tables.append(t)
+            tables.append(t)
+            continue
+        title_w = max(len(c.title) for c in caps_rows)
+        chunks: list[list[str]] = [[]]
+        used = 4 + title_w
+        for name in comps:  # as many component columns per table as fit
+            w = 3 + max(len(name), *(len(word) for cell in cells[name] for word in cell.split()))
+            if chunks[-1] and used + w > width:
+                chunks.append([])
+                used = 4 + title_w
+            chunks[-1].append(name)
+            used += w
+        for i, chunk in enumerate(chunks, 1):
+            part = f" ({i}/{len(chunks)})" if len(chunks) > 1 else ""
+            t = Table(title=_TITLES[k] + part)
+            t.add_column("capability", no_wrap=True, min_width=title_w)
+            for name in chunk:
+                t.add_column(name, min_width=len(name))
+            for j, c in enumerate(caps_rows):
+                t.add_row(c.title, *[cells[name][j] for name in chunk])
+            tables.append(t)
     return tables

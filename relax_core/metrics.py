@@ -11,8 +11,8 @@ A run directory holds::
 
 :class:`MetricsLogger` writes ``metrics.jsonl``, mirrors to Weights & Biases when
 ``--wandb-project`` is set (``--wandb-mode offline`` needs no network; the API key comes
-only from the environment, never from the config), and shows a rich live progress line
-(or, with ``--quiet``, one plain log line per step).
+only from the environment, never from the config), and reports each step to the run's
+display (:mod:`relax_core.progress`: a live line in a terminal, plain lines otherwise).
 """
 
 from __future__ import annotations
@@ -20,24 +20,10 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
+import time
 import time
 from pathlib import Path
 from typing import Any
-
-#: Metrics shown on the progress line / log line: (metric, label, format).
-DISPLAY = (
-    ("rollout/raw_reward", "reward", "{:.3f}"),
-    ("rollout/response_len/mean", "len", "{:.0f}"),
-    ("train/loss", "loss", "{:.4f}"),
-    ("train/pg_clipfrac", "clipfrac", "{:.3f}"),
-    ("train/ppo_kl", "ppo_kl", "{:.1e}"),
-    ("train/kl_loss", "kl", "{:.1e}"),
-    ("perf/rollout_time", "rollout s", "{:.1f}"),
-    ("perf/train_time", "train s", "{:.1f}"),
-    ("perf/rollout_tokens_per_s", "tok/s", "{:.0f}"),
-)
-
 
 def _clean(v: Any) -> Any:
     """JSON-safe value: non-finite floats become strings ("nan", "inf")."""
@@ -52,16 +38,6 @@ def git_commit(path: Path) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
-
-
-def format_line(step: int, total: int, metrics: dict[str, float]) -> str:
-    parts = [f"step {step}/{total}"]
-    for key, label, fmt in DISPLAY:
-        if key in metrics and isinstance(metrics[key], (int, float)):
-            parts.append(f"{label} {fmt.format(metrics[key])}")
-    if metrics.get("train/skipped_steps"):
-        parts.append(f"skipped {int(metrics['train/skipped_steps'])}")
-    return " | ".join(parts)
 
 
 class MetricsLogger:
@@ -89,15 +65,14 @@ class MetricsLogger:
             self._wandb = wandb.init(project=cfg.wandb_project, name=self.run_dir.name, mode=cfg.wandb_mode,
                                      dir=str(self.run_dir), config=config_dict, resume="allow",
                                      id=self.run_dir.name.replace("/", "_"))
-        self._progress = None
-        if not cfg.quiet:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from relax_core import progress
 
-            self._progress = Progress(TextColumn("[bold]relax"), BarColumn(), MofNCompleteColumn(),
-                                      TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-                                      transient=False)
-            self._task = self._progress.add_task("train", total=self.total, completed=start_step, info="starting…")
-            self._progress.start()
+        self._own_display = progress.current() is None  # outside `relax train` (tests, scripts)
+        self.display = progress.start(cfg) if self._own_display else progress.current()
+        self.display.begin(self.total, start_step)
+        evaluating = cfg.eval_source and start_step == 0
+        self.display.phase("held-out evaluation before step 1" if evaluating else
+                           f"step {start_step + 1}: generating, scoring and training")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record the metrics of ``step`` (1-based)."""
@@ -106,11 +81,14 @@ class MetricsLogger:
             fh.write(json.dumps(record) + "\n")
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
-        line = format_line(step, self.total, metrics)
-        if self._progress is not None:
-            self._progress.update(self._task, completed=step, info=line.split(" | ", 1)[-1])
-        else:
-            print(f"[relax] {line}", flush=True)
+        if step > 0:
+            self.display.step(step, metrics)
+        else:  # the held-out evaluation before the first step
+            from relax_core.progress import metric_parts
+
+            self.display.message("held-out evaluation before step 1: " + " | ".join(metric_parts(metrics)))
+            self.display.phase("step 1: generating, scoring and training")
+            self.display.begin(self.total, self.start_step)  # the ETA counts from the first step
 
     def log_samples(self, step: int, samples: list[dict]) -> None:
         with self.samples_path.open("a") as fh:
@@ -118,16 +96,15 @@ class MetricsLogger:
                 fh.write(json.dumps({"step": step, **{k: _clean(v) for k, v in s.items()}}, default=str) + "\n")
 
     def message(self, text: str) -> None:
-        """A line for the user (above the live display, or plain)."""
-        if self._progress is not None:
-            self._progress.console.print(text, markup=False, highlight=False)
-        else:
-            print(f"[relax] {text}", file=sys.stderr, flush=True)
+        """A line for the user (above the live display, or plain on stderr)."""
+        self.display.message(text)
 
     def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        if self._own_display:
+            from relax_core import progress
+
+            progress.close()
+            self._own_display = False
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None

@@ -165,6 +165,51 @@ def resolve_model_path(model: str) -> str:
     return model  # a hub name
 
 
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection within ``timeout`` seconds
+    (``False`` at once under ``HF_HUB_OFFLINE=1``)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def model_problem(model: str) -> str | None:
+    """Why ``--model`` cannot load, answered in about a second without loading anything:
+    not the embedded model, not a local model directory, not in the local Hugging Face
+    cache, and the hub cannot be reached (offline).  ``None`` when it may load.  Checked by
+    ``relax train`` and ``--dry-run`` before any model loads."""
+    if model == DEFAULT_MODEL:
+        return None
+    try:
+        path = resolve_model_path(model)
+    except ModelLoadError as e:
+        return str(e)
+    if Path(path).is_dir():
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(model, "config.json")
+    except ValueError:  # not a valid repo id ("a/b/c", spaces, ...)
+        return (f"--model {model}: not a local directory and not a valid Hugging Face hub name; give a local "
+                f"model directory (config.json + weights + tokenizer) or the embedded default {DEFAULT_MODEL}")
+    if isinstance(cached, str) or _hub_reachable():
+        return None
+    return (f"--model {model}: not the embedded model, not a local directory, not in the local Hugging Face "
+            f"cache, and the hub cannot be reached (offline); use the embedded default {DEFAULT_MODEL}, or a "
+            f"local model directory (config.json + weights + tokenizer)")
+
+
 def _hub_error(model: str, err: Exception) -> ModelLoadError:
     return ModelLoadError(
         f"--model {model}: could not load it as a hub name ({type(err).__name__}: {err}). Without network "

@@ -33,7 +33,8 @@ Why processes, not threads.  Scorers run in a pool of ``--reward-num-workers`` w
   a one-off start-up of about 0.3 s per worker (plus the scorer's imports) when the first
   batch is scored; the pool is kept for the following batches.
 
-Workers never receive built objects (``DESIGN.md``: names and config travel, not objects).
+Workers never receive built objects: names and config travel, not objects, as for Ray actors
+and torchrun ranks (``docs/guide/writing-plugins.md``).
 A :class:`Scorer` pickles as the scorer specs (dotted factory paths), the run config and the
 custom path; each worker builds the per-sample scorer functions itself, *outside* the timed
 call, so a cold import of math-verify does not count against ``--reward-timeout``.  A plain

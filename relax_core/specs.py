@@ -60,6 +60,7 @@ def param(
     lt: float | None = None,
     choices: tuple[Any, ...] | None = None,
     recommended: Any = _MISSING,
+    why_default: str | None = None,
 ) -> Any:
     """Declare one field of a plugin's parameter schema (use inside a ``@dataclass``).
 
@@ -74,11 +75,15 @@ def param(
             refused for floats).
         choices: allowed values.
         recommended: a recommended value shown in the docs (not applied).
+        why_default: why the default differs from ``recommended`` (shown with it by
+            ``relax plugins show`` and the docs).
     """
     meta = {"help": help, "flag": flag, "unit": unit, "ge": ge, "gt": gt, "le": le,
             "lt": lt, "choices": choices}
     if recommended is not _MISSING:
         meta["recommended"] = recommended
+    if why_default:
+        meta["why_default"] = why_default
     return field(default=default, metadata=meta)
 
 
@@ -304,10 +309,17 @@ class CorrectionSpec(ComponentSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class RewardScorerSpec(ComponentSpec):
-    """A scorer: the factory returns ``fn(response: str, label, metadata: dict) -> float | None``."""
+    """A scorer: the factory returns ``fn(response: str, label, metadata: dict) -> float | None``.
+
+    The function may also have ``extract_answer(response, label, metadata) -> str | None``,
+    the answer text it compares (shown when a run's rewards never vary)."""
 
     kind: ClassVar[str] = "reward"
     capabilities_type: ClassVar[type | None] = None
+    self_check: bool = True
+    """Whether scoring a label as the response is cheap and local, so that ``relax train``
+    (and ``--dry-run``) can check that a correct answer scores before any model loads
+    (:mod:`relax_core.reward_check`); ``False`` for scorers that call a service."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,13 +7,14 @@ the capability or constraint violated, and the fix.  The CLI exits with code 2.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from relax_core.capabilities import CAPABILITIES, Context, Selected
-from relax_core.config import DEFAULT_MODEL, RunConfig, value_problems
+from relax_core.config import DEFAULT_MODEL, RunConfig, check_bounds, config_fields, value_problems
 from relax_core.plugins import PluginError, Registry
 
 
@@ -61,6 +62,23 @@ def model_is_moe(model: str) -> bool | None:
         return None
     keys = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
     return any(int(c.get(k) or 0) > 1 for k in keys)
+
+
+def in_range(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with every out-of-range value (already reported by
+    :func:`~relax_core.config.value_problems`) replaced by its default, so that the
+    cross-field checks run on numbers they can divide by and still report their own problems."""
+    bad = {f.name: f.default for f in config_fields() if check_bounds(getattr(cfg, f.name), f.metadata, f.name)}
+    params = {}
+    for comp, p in cfg.plugin_params.items():
+        if p is None:
+            continue
+        fix = {f.name: f.default for f in dataclasses.fields(p) if check_bounds(getattr(p, f.name), f.metadata, f.name)}
+        if fix:
+            params[comp] = dataclasses.replace(p, **fix)
+    if not bad and not params:
+        return cfg
+    return dataclasses.replace(cfg, **bad, plugin_params={**cfg.plugin_params, **params})
 
 
 def _select(reg: Registry, kind: str, name: str, cfg: RunConfig, problems: list[Problem]) -> tuple[Selected | None, Any]:
@@ -128,7 +146,7 @@ def _data_problems(cfg: RunConfig, reg: Registry) -> list[Problem]:
     existing file."""
     out = []
     schemes = {r.spec.scheme for r in reg.components["data_source"].values()}
-    for flag, val in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
+    for flag, val in (("--data", cfg.data), ("--eval-data", cfg.eval_source)):
         if not val:
             continue
         scheme, sep, rest = val.partition(":")
@@ -186,6 +204,7 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
 
     Returns the resolved components and the list of problems (empty = valid)."""
     problems: list[Problem] = [Problem("config", "value range", p) for p in value_problems(cfg)]
+    cfg = in_range(cfg)  # the checks below assume values in range (a batch size 0 divides by 0)
     problems += _batch_problems(cfg)
     problems += _run_problems(cfg)
     problems += _data_problems(cfg, reg)

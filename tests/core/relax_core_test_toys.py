@@ -66,10 +66,6 @@ def build_rows(params, config):
     return lambda spec, cfg: [{"prompt": f"{i} + 1 = ?", "label": str(i + 1), "metadata": {}} for i in range(4)]
 
 
-def build_scorer(params, config):
-    return lambda response, label, metadata: float(response.strip() == str(label))
-
-
 def build_estimator(params, config):
     return ("toy", params, config)
 

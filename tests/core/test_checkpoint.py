@@ -121,7 +121,7 @@ def test_holds_checkpoints_and_disk_usage(tmp_path):
     (tmp_path / "step_000001.tmp").mkdir()
     assert ckpt.holds_checkpoints(tmp_path)
     (tmp_path / "f").write_bytes(b"x" * 1500)
-    assert ckpt.run_disk_usage(tmp_path) == 1500 and ckpt.format_size(1500) == "1.5 KB"
+    assert ckpt.run_disk_usage(tmp_path) == 1500 and ckpt.format_size(1500) == "1.5 kB"
     assert ckpt.format_size(999) == "999 B" and ckpt.format_size(2_100_000_000) == "2.1 GB"
 
 

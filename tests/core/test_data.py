@@ -20,7 +20,7 @@ def test_jsonl_rows_with_custom_keys_and_metadata(tmp_path):
     p = _write(tmp_path / "d.jsonl", [{"q": "1+1?", "a": 2, "m": {"scorer": "math"}}, {"q": "2+2?", "a": 4, "m": None}])
     ds = load_dataset(str(p), RunConfig(prompt_key="q", label_key="a", metadata_key="m"))
     assert ds.rows == [{"prompt": "1+1?", "label": 2, "metadata": {"scorer": "math"}},
-                       {"prompt": "2+2?", "label": 4, "metadata": {}}]
+                       {"prompt": "2+2?", "label": 4, "metadata": {"scorer": "gsm8k"}}]  # numeric label: final-number scorer
 
 
 def test_a_malformed_line_fails_naming_file_and_line(tmp_path):
@@ -96,10 +96,10 @@ class _Tok:
 
 
 def test_prompt_building_with_and_without_chat_template():
-    cfg = RunConfig(system_prompt="Be brief.", prompt_suffix=" Answer:")
-    assert prompt_text("2+2?", _Tok(), cfg) == "system:Be brief.|user:2+2? Answer:|assistant:"
-    plain = RunConfig(apply_chat_template=False, prompt_suffix="!")
-    assert prompt_text("hi", _Tok(), plain) == "hi!"
+    cfg = RunConfig(system_prompt="Be brief.")
+    assert prompt_text("2+2? Answer:", _Tok(), cfg) == "system:Be brief.|user:2+2? Answer:|assistant:"
+    plain = RunConfig(apply_chat_template=False)
+    assert prompt_text("hi!", _Tok(), plain) == "hi!"
     _, ids = encode_prompts(["hi"], _Tok(), cfg)
     assert ids[0][1] == 0  # the template already holds the special tokens
 

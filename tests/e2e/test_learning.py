@@ -39,7 +39,7 @@ def test_grpo_raises_reward_on_the_default_model(tmp_path):
                            "--rollout-batch-size", "2", "--n-samples-per-prompt", "8", "--rollout-max-response-len", "24",
                            "--rollout-temperature", "1.0", "--lr", "2e-5", "--seed", "11", "--quiet", "--no-save-hf",
                            "--log-samples-per-step", str(N), "--reward-num-workers", "1",
-                           "--custom-rm-path", "relax_e2e_scorers:brevity"])
+                           "--custom-rm-path", "relax_e2e_scorers:brevity", "--eval-data", "none"])
     assert code == 0, out
     r = [m["rollout/raw_reward"] for m in read_metrics(tmp_path / "run")]
     samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]

@@ -5,6 +5,7 @@ loads; the final model loads with transformers."""
 from __future__ import annotations
 
 import json
+import re
 import math
 
 import pytest
@@ -54,6 +55,12 @@ def test_run_directory_and_final_model(tiny_model_dir, prompts_file, tmp_path):
     assert {"prompt", "response", "reward", "label"} <= set(samples[0])
     model = AutoModelForCausalLM.from_pretrained(run / "final")
     assert model.config.num_hidden_layers == 2
+    # what the screen shows (--quiet: plain lines): the phases, one line per step, the summary,
+    # and no library progress bars
+    assert "loading the model" in out and "[relax] step 2/2 | " in out
+    assert "relax: done: 2 of 2 steps in " in out and re.search(r"held-out prompts +pass@1 ", out)
+    assert re.search(rf"final model +{re.escape(str(run / 'final'))}", out) and f"relax plot {run}" in out
+    assert "Loading weights" not in out and "Writing model shards" not in out
 
 
 def test_bad_data_line_fails_before_any_model_loads(tiny_model_dir, tmp_path, monkeypatch):

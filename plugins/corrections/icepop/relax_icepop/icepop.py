@@ -1,8 +1,8 @@
 """ICE-POP: band-masked importance weights.
 
 Source: Ling Team 2025, "Every Step Evolves: Scaling Reinforcement Learning for
-Trillion-Scale Thinking Model" (arXiv:2510.18855); the ICE-POP section of
-``shared/seeds/policy-gradient-to-train-infer-consistency.zh.md``.
+Trillion-Scale Thinking Model" (arXiv:2510.18855); the ICE-POP section of the
+corrections guide (``docs/guide/corrections.md``).
 
     w_ice(ρ) = ρ · 1[L ≤ ρ ≤ U],    L = --tis-clip-low (0.5 here), U = --tis-clip (2)
 

@@ -1,8 +1,8 @@
 """MoE routing record and replay (R3) for Hugging Face transformers mixture-of-experts models.
 
 Source: Ma et al. 2025, "Stabilizing MoE Reinforcement Learning by Aligning Training and
-Inference Routers" (arXiv:2510.11370), and the R3 section of
-``shared/seeds/policy-gradient-to-train-infer-consistency.zh.md``.  An MoE layer computes
+Inference Routers" (arXiv:2510.11370), and the Routing replay section of the corrections guide
+(``docs/guide/corrections.md``).  An MoE layer computes
 ``F(x) = Σ_{i ∈ I(x)} g_i(x) E_i(x)`` with ``I = TopK(u(x))``; near a top-k boundary a tiny
 numerical difference between the rollout engine and the trainer switches an expert.  R3
 records the rollout's expert sets ``I_q`` and forces them in the training forward: the

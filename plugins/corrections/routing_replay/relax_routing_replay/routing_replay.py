@@ -1,8 +1,8 @@
 """Rollout routing replay (R3) for mixture-of-experts models.
 
 Source: Ma et al. 2025, "Stabilizing MoE Reinforcement Learning by Aligning Training and
-Inference Routers" (arXiv:2510.11370); the R3 section of
-``shared/seeds/policy-gradient-to-train-infer-consistency.zh.md``.
+Inference Routers" (arXiv:2510.11370); the Routing replay section
+of the corrections guide (``docs/guide/corrections.md``).
 
 Writing an MoE layer as F(x) = Σ_{i ∈ I(x)} g_i(x) E_i(x) with I = TopK(u(x)), the
 difference between the engine's and the trainer's outputs splits into a same-routes term

@@ -1,8 +1,8 @@
 """Score centering (SC) for off-policy REINFORCE with a top-k sampler head.
 
 Source: "Score Centering Stabilizes Off-policy Reinforcement Learning" (arXiv:2609.20807),
-eqs. (9)-(12); the SC section of ``shared/seeds/policy-gradient-to-train-infer-consistency.zh.md``
-(derivation below), slime-notes §3.
+eqs. (9)-(12) (derivation below); the Score centering section of the corrections guide
+(``docs/guide/corrections.md``).
 
 At a prefix h with sampler q and trainer p = p_θ, the REINFORCE gradient A·w_a·∇log p_a has
 the non-zero mean A·μ_w, μ_w = Σ_v q_v w_v ∇log p_v.  SC subtracts it, leaving the

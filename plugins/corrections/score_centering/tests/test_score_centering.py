@@ -15,7 +15,7 @@ from relax_score_centering.plugin import ScoreCenteringParams
 TIS_RULE = lambda r: truncated_weight(r, 0.0, 2.0)  # noqa: E731
 MIS_RULE = lambda r: band_weight(r, 0.5, 5.0)  # noqa: E731
 
-# slime-notes §8.3: vocabulary 4, logits z, sampler q
+# a worked example: vocabulary 4, logits z, sampler q
 Z = torch.tensor([1.0, -1.0, 0.2, 2.0])
 Q = torch.tensor([0.15, 0.55, 0.25, 0.05])
 
@@ -123,7 +123,7 @@ def test_constant_advantage_expected_gradient_is_zero(rule):
     rho = (1 - Q[head].sum()) / (1 - p[head].sum())
     q_hat = torch.where(tail, rho * p, Q)
     assert expected_gradient(rule, 2, q_hat).abs().max() < 1e-6
-    # ... but not under the true q (the tail approximation error; slime-notes: none → ±0.0962)
+    # ... but not under the true q (the tail approximation error: about ±0.0962 here)
     g = expected_gradient(rule, 2, Q)
     assert g.abs().max() > 1e-2
     if rule is None:

@@ -2,8 +2,8 @@
 the importance-weight rules that score centering reuses.
 
 Source: Yao et al. 2025, "On the Rollout-Training Mismatch in Modern RL Systems" (TIS);
-Ling Team 2025, arXiv:2510.18855 (ICE-POP); the TIS and ICE-POP sections of
-``shared/seeds/policy-gradient-to-train-infer-consistency.zh.md``.
+Ling Team 2025, arXiv:2510.18855 (ICE-POP); the TIS and ICE-POP sections of the
+corrections guide (``docs/guide/corrections.md``).
 
 Glossary (per response token t): q = the rollout engine's sampling distribution
 (``rollout_log_probs``), p_0 = the old policy recomputed by the trainer

@@ -1,7 +1,7 @@
 """Truncated importance sampling (TIS).
 
 Source: Yao et al. 2025, "On the Rollout-Training Mismatch in Modern RL Systems"; the TIS
-section of ``shared/seeds/policy-gradient-to-train-infer-consistency.zh.md``.
+section of the corrections guide (``docs/guide/corrections.md``).
 
 For a fixed prefix, E_{p_0}[f] = E_q[ρ f] with ρ = p_0/q.  TIS multiplies the estimator's
 per-token loss (after its own clipping) by the detached weight

@@ -4,6 +4,9 @@ from dataclasses import dataclass
 
 from relax_core import EstimatorCapabilities, EstimatorSpec, hookimpl, param
 
+_WHY_FLOORS = ("0.3 / 0.5 are the upstream Relax defaults (kept so that runs compare with it); its M2PO recipe "
+               "recommends the clip-higher margins 0.2 / 0.28, a tighter floor that leaves the adaptive band more say")
+
 METRICS = ("train/ppo_kl_m2_before", "train/ppo_kl_m2_after", "train/m2po_eps_low", "train/m2po_eps_high")
 
 
@@ -14,10 +17,10 @@ class M2POParams:
         flag="--m2po-kl2-budget", ge=0, recommended="0.01-0.04 (paper: 0.04)")
     miniclip_low: float = param(
         0.3, "Floor of the lower clip margin (the band is never tighter than 1 - this).",
-        flag="--m2po-miniclip-low", ge=0, le=1, recommended=0.2)
+        flag="--m2po-miniclip-low", ge=0, le=1, recommended=0.2, why_default=_WHY_FLOORS)
     miniclip_high: float = param(
         0.5, "Floor of the upper clip margin (the band is never tighter than 1 + this).",
-        flag="--m2po-miniclip-high", ge=0, recommended=0.28)
+        flag="--m2po-miniclip-high", ge=0, recommended=0.28, why_default=_WHY_FLOORS)
     stat_scope: str = param(
         "local", "local: the statistic per micro-batch on this rank (as the spec); global: over the "
         "micro-batch's tokens on all ranks of the loss's process group (enables context parallel).",

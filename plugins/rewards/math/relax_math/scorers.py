@@ -37,12 +37,23 @@ two integers compare exactly, decimals with a relative 1e-6.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from relax_core.answers import (answer_line, answer_tag, gsm8k_final, integer_value, last_boxed, last_number,
                                 numbers_equal, parse_number, strip_math)
+
+
+def _not_timeout_notice(record: logging.LogRecord) -> bool:
+    """math-verify warns once per process that its timeouts are off; here they are off on
+    purpose (``score_batch`` enforces ``--reward-timeout``), so that one notice is dropped."""
+    return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_not_timeout_notice)
 
 # words that may appear in a mathematical label outside a LaTeX command
 _MATH_WORDS = frozenset("""sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log ln lg exp sqrt
@@ -171,6 +182,10 @@ class MathScorer:
 
     answer_format: str = "boxed"
 
+    def extract_answer(self, response: str, label: Any = None, metadata: dict | None = None) -> str | None:
+        """The final answer this scorer compares with the label."""
+        return final_answer(response, self.answer_format)
+
     def __call__(self, response: str, label: Any, metadata: dict | None = None) -> float | None:
         gold_text = label_text(label)
         if gold_text is None:
@@ -218,6 +233,14 @@ def gsm8k_score(response: str, label: Any, metadata: dict | None = None) -> floa
         return 0.0
     exact = integer_value(label), integer_value(text)
     return float(exact[0] == exact[1]) if None not in exact else float(numbers_equal(pred, gold))
+
+
+def _gsm8k_answer(response: str, label: Any = None, metadata: dict | None = None) -> str | None:
+    boxed = last_boxed(response)
+    return boxed if boxed is not None else last_number(response)
+
+
+gsm8k_score.extract_answer = _gsm8k_answer  # the answer it compares (for messages)
 
 
 def build_math(params: Any, config: Any) -> MathScorer:

@@ -192,3 +192,16 @@ def test_gsm8k_integers_compare_exactly():
     assert gsm8k_score("The total is 1,000,001.", "#### 1000000") == 0.0
     assert gsm8k_score("The total is 1,000,000.", "#### 1000000") == 1.0
     assert gsm8k_score("It costs $2.50", "2.5") == 1.0
+
+
+def test_math_verify_timeout_notice_is_not_printed():
+    """math-verify warns once per process that its timeouts are off (Relax enforces
+    --reward-timeout itself): one line per reward worker that the user cannot act on."""
+    import subprocess
+    import sys
+
+    code = ("import logging; logging.basicConfig(); from relax_math.scorers import build_math; "
+            "s = build_math(None, None); print(s('\\\\boxed{2}', '2'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "1.0", out.stderr
+    assert "Timeout is disabled" not in out.stderr

@@ -13,6 +13,9 @@ operator here, not a space).  Each row is::
 where ``entry`` is reasoning-gym's ``{"question", "answer", "metadata"}`` item exactly as
 generated (its ``score_answer(answer, entry)`` may compare tuples, so it is not converted).
 
+A task whose answer is a number declares the prompt suffix " Give only the final number."
+(used unless ``--prompt-suffix`` is given).
+
 Scorer: extracts the model's final answer (the last ``\\boxed{}``, else the last
 ``<answer>...</answer>``, else, when the expected answer is a number, the last number in the
 response, otherwise its last non-empty line: small models ramble and rarely box), then
@@ -32,6 +35,9 @@ from urllib.parse import unquote
 from relax_core.answers import answer_tag, last_boxed, last_number, parse_number
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+#: The instruction the source declares for tasks whose answer is a number (the scorer then
+#: reads the last number: a small model answers in a word or two instead of rambling).
+NUMBER_SUFFIX = " Give only the final number."
 
 
 def _datasets() -> dict:
@@ -116,7 +122,9 @@ def load_rows(spec: str, config: Any = None) -> list[dict]:
         raise ValueError(f"reasoning-gym refused {name} with {kwargs}: {e or type(e).__name__}") from None
     rows = []
     for entry in dataset:  # kept as generated: a JSON round trip (tuples -> lists) breaks some score_answer
+        numeric = parse_number(str(entry["answer"])) is not None
         rows.append({"prompt": entry["question"], "label": entry["answer"],
+                     "prompt_suffix": NUMBER_SUFFIX if numeric else "",
                      "metadata": {"scorer": "reasoning_gym", "rg_dataset": name, "rg_entry": entry}})
     return rows
 
@@ -161,6 +169,10 @@ def rg_score(response: str, label: Any, metadata: dict | None) -> float | None:
         return None
     answer = extract_answer(response, entry.get("answer", label))
     return float(_score_fn(name)(answer, entry))
+
+
+rg_score.extract_answer = lambda response, label, metadata: extract_answer(  # for messages
+    response, ((metadata or {}).get("rg_entry") or {}).get("answer", label))
 
 
 def build_scorer(params: Any, config: Any):

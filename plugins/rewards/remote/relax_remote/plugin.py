@@ -23,4 +23,5 @@ def relax_register_reward_scorers():
         source="Remote reward-model protocol of slime/Relax (--rm-url), with bounded retries and back-off",
         factory="relax_remote.remote:build",
         params=RemoteParams,
+        self_check=False,  # each call is an HTTP request to --rm-url
     )]

@@ -1,0 +1,169 @@
+"""Does the run's scorer reward a correct answer?  Two checks against a silent 0-reward run.
+
+A scorer that never rewards (it reads ``\\boxed{}`` while the prompts ask for a bare number,
+the label key points at the wrong field, ...) trains on nothing but looks like a run.
+
+- :func:`label_check`, before any model loads (``relax train`` and ``--dry-run``): the first
+  rows of each dataset are scored with their own label as the response, bare and inside
+  ``\\boxed{}``.  When no row's label scores in either form a correct answer cannot score,
+  and the run is refused (exit 2); when only the boxed form scores while the prompts do not
+  ask for a box, or some rows' labels cannot score, it warns.
+- :class:`RewardWatch`, during the run: wraps the run's batch score function and warns once
+  when every sample of the first score calls got the same reward (all 0, all equal, or all
+  unscored), naming the scorer and showing one response, its label and the answer the
+  scorer extracted, with what to try.
+
+A scorer function may expose ``extract_answer(response, label, metadata) -> str | None``
+(the answer text it compares with the label); the warning shows it.  Scorers whose spec sets
+``self_check=False`` (calls to a remote service) are not scored on labels.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+#: Rows of each dataset whose labels :func:`label_check` scores.
+CHECK_ROWS = 8
+#: Score calls (steps, evaluations) :class:`RewardWatch` looks at before it decides.
+WATCH_CALLS = 2
+
+
+def what_to_try(scorer_name: str) -> str:
+    """The fixes worth trying when scorer ``scorer_name`` does not reward correct answers."""
+    hints = []
+    if scorer_name != "gsm8k":
+        hints.append("--reward gsm8k (the final number, or the last \\boxed{}) for numeric labels")
+    if scorer_name == "math":
+        hints.append("--math-answer-format anchors (also 'Answer: X' lines and <answer> tags)")
+    hints.append("a --prompt-suffix that asks for the form the scorer reads (e.g. ' Put the final answer in "
+                 "\\boxed{}.')")
+    hints.append("a --label-key that names the answer field")
+    return "try: " + "; or ".join(hints)
+
+
+def _candidates(label: Any) -> list[str]:
+    text = str(label).strip()
+    return [text, f"\\boxed{{{text}}}"]
+
+
+def _asks_for_box(row: dict, cfg: Any) -> bool:
+    return "boxed" in (getattr(cfg, "system_prompt", None) or "") + row["prompt"]
+
+
+def label_check(scorer: Any, datasets: Sequence[tuple[str, Any]], cfg: Any) -> tuple[list[str], list[str]]:
+    """Score the first :data:`CHECK_ROWS` labels of each dataset through the run's scorer.
+
+    Args:
+        scorer: the run's :class:`~relax_core.rewarding.Scorer` (its ``check`` has passed).
+        datasets: ``(flag, Dataset)`` pairs, e.g. ``[("--data", train), ("--eval-data", ev)]``.
+        cfg: the run config (``system_prompt``).
+
+    Returns:
+        ``(problems, warnings)``: problems refuse the run (exit 2), warnings are printed.
+    """
+    problems: list[str] = []
+    warnings: list[str] = []
+    for flag, ds in datasets:
+        by_name: dict[str, list[dict]] = {}
+        for row in ds.rows:
+            rows = by_name.setdefault(scorer.name_for(row["metadata"]), [])
+            if len(rows) < CHECK_ROWS:
+                rows.append(row)
+        for name, rows in by_name.items():
+            spec = scorer.specs.get(name)
+            if spec is not None and not getattr(spec, "self_check", True):
+                continue
+            bare_ok, boxed_ok, errors, unscored = [], [], [], []
+            for row in rows:
+                meta = {**row["metadata"], "prompt": row["prompt"]}
+                scores = []
+                for text in _candidates(row["label"]):
+                    try:
+                        scores.append(scorer(text, row["label"], meta))
+                    except Exception as e:  # a scorer bug: report it, never crash the check
+                        errors.append(f"{type(e).__name__}: {e}")
+                        scores.append(None)
+                bare, boxed = scores
+                bare_ok.append(bool(bare and bare > 0))
+                boxed_ok.append(bool(boxed and boxed > 0))
+                unscored.append(bare is None and boxed is None)
+            first = rows[0]
+            label = str(first["label"])
+            where = f"reward scorer '{name}' on {flag} {ds.name}"
+            if errors:  # the run counts such errors per sample; here it is only worth a warning
+                warnings.append(f"{where}: raised scoring a label as the response ({errors[0]})")
+            elif not any(bare_ok) and not any(boxed_ok):
+                why = ("cannot score the labels at all (it returns None: not an answer it can read)"
+                       if all(unscored) else f"gives 0 to the label itself ('{label}') and to '\\boxed{{{label}}}'")
+                problems.append(f"{where}: a correct answer cannot score: it {why}; "
+                                f"{what_to_try(name)}")
+            elif not all(a or b for a, b in zip(bare_ok, boxed_ok)):
+                n_bad = sum(not (a or b) for a, b in zip(bare_ok, boxed_ok))
+                warnings.append(f"{where}: {n_bad} of the first {len(rows)} labels cannot score even as the "
+                                f"answer itself; check those rows' labels")
+            elif not any(bare_ok) and not any(_asks_for_box(r, cfg) for r in rows):
+                warnings.append(f"{where}: rewards '\\boxed{{{label}}}' but not the bare answer '{label}', and the "
+                                f"prompts do not ask for a box: a model that answers in words scores 0; {what_to_try(name)}")
+    return problems, warnings
+
+
+def extracted(fn: Any, response: str, label: Any, metadata: dict) -> str:
+    """The answer ``fn`` reads in ``response`` (its ``extract_answer``), for messages."""
+    extract = getattr(fn, "extract_answer", None)
+    if extract is None:
+        return "(this scorer does not say)"
+    try:
+        found = extract(response, label, metadata)
+    except Exception as e:  # only for a message
+        return f"({type(e).__name__}: {e})"
+    return "none found" if found is None else repr(found)
+
+
+ScoreFn = Callable[[list[str], list[Any], list[dict], list[str]], tuple[list[Any], dict[str, float]]]
+
+
+class RewardWatch:
+    """A batch score function that also warns when the first steps all score the same.
+
+    Args:
+        score: ``score(responses, labels, metadata, prompts) -> (rewards, metrics)``.
+        scorer: the run's :class:`~relax_core.rewarding.Scorer` (names and extraction).
+        notify: called once with the warning text.
+        calls: score calls to look at (each is one training step or one evaluation).
+    """
+
+    def __init__(self, score: ScoreFn, scorer: Any, notify: Callable[[str], None], calls: int = WATCH_CALLS):
+        self.score = score
+        self.scorer = scorer
+        self.notify = notify
+        self.calls = calls
+        self.seen = 0
+        self.values: set[float | None] = set()
+        self.example: tuple[str, Any, dict] | None = None
+
+    def __call__(self, responses: list[str], labels: list[Any], metadata: list[dict],
+                 prompts: list[str]) -> tuple[list[Any], dict[str, float]]:
+        rewards, metrics = self.score(responses, labels, metadata, prompts)
+        if self.seen < self.calls and rewards:
+            self.seen += 1
+            self.values |= {None if r is None else float(r) for r in rewards}
+            if self.example is None:
+                self.example = (responses[0], labels[0], metadata[0] or {})
+            if self.seen == self.calls and len(self.values) == 1:
+                self.notify(self.message())
+        return rewards, metrics
+
+    def message(self) -> str:
+        """The warning: which scorer, what every sample scored, one example, what to try."""
+        (value,) = self.values
+        response, label, meta = self.example
+        name = self.scorer.name_for(meta)
+        fn = self.scorer.resolve(meta)
+        got = "was unscored (the scorer returned None)" if value is None else f"scored {value:g}"
+        hint = what_to_try(name) if value is None or value <= 0 else (
+            "every sample is already rewarded: use harder prompts (or a stricter scorer)")
+        short = response if len(response) <= 200 else response[:200] + "…"
+        return (f"warning: every sample of the first {self.calls} scored batches {got} with reward scorer "
+                f"'{name}': the estimator gets no signal from identical rewards.\n"
+                f"  response: {short!r}\n  label: {label!r}; answer the scorer extracted: "
+                f"{extracted(fn, response, label, meta)}\n  {hint}")

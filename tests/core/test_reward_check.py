@@ -1,0 +1,129 @@
+"""Own data must not silently score 0 (issue 19 §1): the prompt suffix belongs to the data
+source that declares it, numeric file labels are scored on the final number, the dry run
+scores the labels through the scorer, the run warns when every reward is the same, greedy
+sampling with a group estimator is refused, and an unknown model name answers at once."""
+
+import json
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from relax_core.config import RunConfig
+from relax_core.data import load_dataset
+from relax_core.plugins import default_registry
+from relax_core.reward_check import RewardWatch
+from relax_core.rewarding import resolve_scorer
+from relax_core.validation import resolve
+
+runner = CliRunner()
+CHAIN_SUM = "rg:chain_sum?size=4&seed=1&min_terms=2&max_terms=2&min_digits=1&max_digits=1"
+
+
+@pytest.fixture
+def arith(tmp_path):
+    """The docs' own-data example: a few `{"prompt": "What is 4 + 9?", "label": "13"}` lines."""
+    p = tmp_path / "arith.jsonl"
+    p.write_text("".join(json.dumps({"prompt": f"What is {a} + 9?", "label": str(a + 9)}) + "\n" for a in (4, 2, 7)))
+    return p
+
+
+def test_default_suffix_is_declared_by_the_rg_source_not_added_to_files(arith):
+    reg = default_registry()
+    rows = load_dataset(CHAIN_SUM, RunConfig(), reg).rows
+    assert all(r["prompt"].endswith("= Give only the final number.") for r in rows), rows[0]["prompt"]
+    assert load_dataset(str(arith), RunConfig(), reg).rows[0]["prompt"] == "What is 4 + 9?"
+    given = RunConfig(prompt_suffix=" Answer:")
+    assert load_dataset(str(arith), given, reg).rows[0]["prompt"] == "What is 4 + 9? Answer:"
+    assert load_dataset(CHAIN_SUM, given, reg).rows[0]["prompt"].endswith("= Answer:")
+
+
+def test_numeric_file_labels_score_a_naturally_written_correct_answer(arith):
+    cfg = RunConfig(data=str(arith), advantage_estimator="rloo", calculate_per_token_loss=True)
+    reg = default_registry()
+    row = load_dataset(cfg.data, cfg, reg).rows[0]
+    scorer = resolve_scorer(cfg, reg)
+    assert scorer.name_for(row["metadata"]) == "gsm8k"
+    assert scorer("4 + 9 = 13", row["label"], row["metadata"]) == 1.0
+    assert scorer("4 + 9 = 12", row["label"], row["metadata"]) == 0.0
+
+
+def test_dry_run_of_the_docs_example_is_valid_without_warnings(arith):
+    r = runner.invoke(app, ["train", "--dry-run", "--advantage-estimator", "rloo", "--calculate-per-token-loss",
+                            "--data", str(arith)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["valid"] is True
+    assert "warning" not in r.stderr
+
+
+def test_dry_run_refuses_a_scorer_that_cannot_score_a_correct_answer(arith):
+    r = runner.invoke(app, ["train", "--dry-run", "--data", str(arith), "--reward", "reasoning_gym"])
+    assert r.exit_code == 2
+    assert "reward scorer 'reasoning_gym' on --data arith: a correct answer cannot score" in r.stderr
+    assert "--reward gsm8k" in r.stderr and "--label-key" in r.stderr and r.stdout == ""
+
+
+def test_dry_run_warns_when_only_a_boxed_answer_scores_and_the_prompt_asks_for_none(tmp_path, arith):
+    r = runner.invoke(app, ["train", "--dry-run", "--data", str(arith), "--reward", "math"])
+    assert r.exit_code == 0
+    assert "reward scorer 'math' on --data arith: rewards '\\boxed{13}' but not the bare answer '13'" in r.stderr
+    assert "--math-answer-format anchors" in r.stderr
+    r = runner.invoke(app, ["train", "--dry-run", "--data", str(arith), "--reward", "math",
+                            "--prompt-suffix", " Put the final answer in \\boxed{}."])
+    assert r.exit_code == 0 and "warning" not in r.stderr
+
+
+def _watch(rewards_per_call, arith, reward="math"):
+    cfg = RunConfig(data=str(arith), reward=reward)
+    reg = default_registry()
+    rows = load_dataset(cfg.data, cfg, reg).rows
+    scorer = resolve_scorer(cfg, reg)
+    calls = iter(rewards_per_call)
+    seen = []
+    watch = RewardWatch(lambda *a: (next(calls), {}), scorer, notify=seen.append)
+    for _ in rewards_per_call:
+        watch(["4 + 9 = 13"] * 2, [rows[0]["label"]] * 2, [rows[0]["metadata"]] * 2, ["p"] * 2)
+    return seen
+
+
+def test_run_warns_once_when_every_sample_of_the_first_steps_scores_the_same(arith):
+    seen = _watch([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], arith)
+    assert len(seen) == 1
+    text = seen[0]
+    assert "every sample of the first 2 scored batches scored 0 with reward scorer 'math'" in text
+    assert "response: '4 + 9 = 13'" in text and "label: '13'" in text
+    assert "answer the scorer extracted: none found" in text  # math reads the last \boxed{}
+    assert "--reward gsm8k" in text and "--math-answer-format" in text and "--prompt-suffix" in text
+
+
+def test_run_does_not_warn_when_rewards_vary(arith):
+    assert _watch([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0]], arith) == []
+
+
+def test_watch_shows_the_answer_the_final_number_scorer_read(arith):
+    (text,) = _watch([[1.0, 1.0], [1.0, 1.0]], arith, reward="gsm8k")
+    assert "answer the scorer extracted: '13'" in text and "already rewarded" in text
+
+
+@pytest.mark.parametrize("flags", [{"rollout_temperature": 0.0}, {"rollout_top_k": 1}])
+def test_greedy_sampling_with_a_group_estimator_is_refused(flags):
+    _, problems = resolve(RunConfig(**flags), default_registry())
+    text = "\n".join(map(str, problems))
+    assert "grpo compares the samples of a group" in text and "every advantage is 0" in text
+    _, ok = resolve(RunConfig(advantage_estimator="ppo", **flags), default_registry())
+    assert not [p for p in ok if p.constraint == "min_group_size"]
+
+
+def test_unknown_model_name_answers_at_once_in_one_message(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    t0 = time.monotonic()
+    r = runner.invoke(app, ["train", "--dry-run", "--model", "no-such-model"])
+    assert time.monotonic() - t0 < 15
+    assert r.exit_code == 2
+    assert "--model no-such-model: not the embedded model, not a local directory, not in the local Hugging Face " \
+           "cache, and the hub cannot be reached (offline)" in r.stderr
+    assert "Traceback" not in r.output and r.stdout == ""

@@ -1,0 +1,45 @@
+"""The README's commands work as written after `make run` (issue 19 §5): `relax` is on PATH
+only after the block's `source .venv/bin/activate`, and every `relax train` line parses
+(checked with --dry-run: exit 0, or 2 listing problems, never an unknown option)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from cli.main import app
+
+ROOT = Path(__file__).resolve().parents[2]
+BLOCKS = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+
+
+def _commands(block: str) -> list[str]:
+    return [line.split(" #")[0].strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_every_bare_relax_command_comes_after_activation():
+    for block in BLOCKS:
+        cmds = _commands(block)
+        first_relax = next((i for i, c in enumerate(cmds) if c.startswith("relax ")), None)
+        if first_relax is not None:
+            assert any(c == "source .venv/bin/activate" for c in cmds[:first_relax]), block
+
+
+def test_readme_train_and_plugin_commands_parse():
+    runner = CliRunner()
+    checked = 0
+    for block in BLOCKS:
+        for cmd in _commands(block):
+            if not cmd.startswith("relax ") or cmd.startswith(("relax plot", "relax plugins new")):
+                continue
+            argv = shlex.split(cmd)[1:]
+            if argv[0] == "train" and "--dry-run" not in argv:
+                argv.append("--dry-run")
+            r = runner.invoke(app, argv)
+            assert r.exit_code in (0, 2), (cmd, r.output)
+            assert "unknown option" not in r.output and "Traceback" not in r.output, (cmd, r.output)
+            checked += 1
+    assert checked >= 5

@@ -1,0 +1,35 @@
+"""The default run evaluates on its own held-out prompts (issue 19 §3): before the first
+step, every --eval-interval steps and after the last; the summary and the plot show it."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import run_train
+
+from relax_core.config import DEFAULT_DATA, DEFAULT_EVAL_DATA, RunConfig
+from relax_core.metrics import read_metrics
+from relax_core.plotting import default_metrics, load_runs
+
+
+def test_eval_source_follows_the_default_task():
+    assert RunConfig().eval_source == DEFAULT_EVAL_DATA
+    assert RunConfig(data="mine.jsonl").eval_source is None
+    assert RunConfig(eval_data="none").eval_source is None
+    assert RunConfig(eval_interval=0).eval_source is None
+    assert RunConfig(data="mine.jsonl", eval_data="test.jsonl").eval_source == "test.jsonl"
+    assert DEFAULT_EVAL_DATA.split("?")[0] == DEFAULT_DATA.split("?")[0]
+
+
+def test_default_task_evaluates_at_start_interval_and_end(tiny_model_dir, tmp_path):
+    code, out = run_train(["--model", str(tiny_model_dir), "--output-dir", str(tmp_path), "--run-name", "run",
+                           "--num-rollout", "3", "--eval-interval", "2", "--eval-max-prompts", "4",
+                           "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "8",
+                           "--quiet", "--no-save-hf", "--reward-num-workers", "1"])
+    assert code == 0, out
+    recs = read_metrics(tmp_path / "run")
+    evaluated = [r["step"] for r in recs if "eval/chain_sum/pass@1" in r]
+    assert evaluated == [0, 2, 3]
+    assert re.search(r"held-out chain_sum +pass@1 \d+% \(step 0\) → best \d+% \(step \d\) → last \d+% \(step 3\)", out), out
+    assert "held-out evaluation before step 1: " in out
+    assert "eval/chain_sum/pass@1" in default_metrics(load_runs([tmp_path / "run"]))
