@@ -258,7 +258,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(E, "forbids_per_token_loss", "no per-token loss", "Uses a per-sample reduction; refuses --calculate-per-token-loss.",
                lambda ctx, c: "uses a per-sample mean reduction; --calculate-per-token-loss is not supported" if c.forbids_per_token_loss and ctx.cfg.calculate_per_token_loss else None,
                "remove --calculate-per-token-loss"),
-    Capability(E, "uses_options", "reads", "Which options of the PPO-clip block (--eps-clip, --eps-clip-high, --eps-clip-c) and reward-side --kl-coef it reads; any other one set is refused.",
+    Capability(E, "uses_options", "options", "Which options of the PPO-clip block (--eps-clip, --eps-clip-high, --eps-clip-c) and reward-side --kl-coef it reads; any other one set is refused.",
                _unused_options,
                "drop those flags (or set them to their defaults); for a KL penalty without reward-side KL use --use-kl-loss --kl-loss-coef C"),
     Capability(E, "requires_reward_side_kl", "needs reward KL", "Needs --kl-coef > 0 (KL shaped into the reward).",

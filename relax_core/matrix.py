@@ -102,8 +102,9 @@ def matrix_tables(reg: Registry, kind: str | None = None, width: int | None = No
         title_w = max(len(c.title) for c in caps_rows)
         chunks: list[list[str]] = [[]]
         used = 4 + title_w
+        widest = {name: max(len(name), *(len(word) for cell in cells[name] for word in cell.split())) for name in comps}
         for name in comps:  # as many component columns per table as fit
-            w = 3 + max(len(name), *(len(word) for cell in cells[name] for word in cell.split()))
+            w = 3 + widest[name]
             if chunks[-1] and used + w > width:
                 chunks.append([])
                 used = 4 + title_w
@@ -114,7 +115,7 @@ def matrix_tables(reg: Registry, kind: str | None = None, width: int | None = No
             t = Table(title=_TITLES[k] + part)
             t.add_column("capability", no_wrap=True, min_width=title_w)
             for name in chunk:
-                t.add_column(name, min_width=len(name))
+                t.add_column(name, width=widest[name])  # its longest word: values wrap, never cut
             for j, c in enumerate(caps_rows):
                 t.add_row(c.title, *[cells[name][j] for name in chunk])
             tables.append(t)

@@ -134,8 +134,10 @@ def test_resume_between_two_weight_pushes_equals_the_uninterrupted_run(tmp_path,
     ma = read_metrics(tmp_path / "a" / "runs" / "r")
     for stop in range(1, 5):
         d = tmp_path / f"stop{stop}"
-        b, _ = make_trainer(d, num_rollout=stop, **over)
-        assert b.run() == EXIT_OK
+        b, _ = make_trainer(d, num_rollout=5, **over)  # interrupted after step `stop` (the first Ctrl-C)
+        step = b.step
+        b.step = lambda k, step=step, b=b: (setattr(b, "_interrupted", k == stop), step(k))[1]
+        assert b.run() == EXIT_INTERRUPTED
         lagging = stop % interval != 0 and stop > interval  # (before the first push it holds the initial weights)
         assert (d / "runs" / "r" / "checkpoints" / f"step_{stop:06d}" / "engine.safetensors").is_file() == lagging
         c, _ = make_trainer(d, num_rollout=5, resume=True, **over)

@@ -40,7 +40,7 @@ def saved_run(tiny_model_dir, prompts_file, tmp_path, monkeypatch):
     fingerprint = load_dataset(cfg.data, cfg).fingerprint
     ckpt.save_checkpoint(run / "checkpoints", 2, _Backend(), {"step": 2, "data": fingerprint, "history": []})
     reached = []
-    monkeypatch.setattr(launch_mod, "_launch", lambda *a: reached.append(a) or 0)
+    monkeypatch.setattr(launch_mod, "_launch", lambda *a: (reached.append(a) or 0, None))  # (exit code, no trainer)
     return tmp_path, reached
 
 

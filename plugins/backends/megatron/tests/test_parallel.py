@@ -91,7 +91,8 @@ def test_backend_context_parallel_path_equals_cp1(tmp_path):
         for key in ("log_probs", "entropy", "top_k"):
             assert (res[key] - one[key])[m].abs().max() < 1e-5, key
             assert (res[key][~m] == 0).all(), key
-        assert res["stepped"]["loss"] == pytest.approx(one["stepped"]["loss"], abs=1e-6)
+        # float32 loss of about 121: one ulp is 7.6e-6, so the tolerance is relative
+        assert res["stepped"]["loss"] == pytest.approx(one["stepped"]["loss"], rel=1e-6)
         assert res["stepped"]["grad_norm"] == pytest.approx(one["stepped"]["grad_norm"], rel=1e-5)
         assert res["metrics"] == pytest.approx(one["metrics"], abs=1e-6)
         moved = max((one["after"][k] - one["before"][k]).abs().max().item() for k in one["after"])

@@ -174,4 +174,4 @@ def test_routing_replay_with_vllm_refused_at_startup():
     if "routing_replay" not in reg.names("correction"):
         pytest.skip("routing_replay correction not installed")
     _, problems = resolve(RunConfig(rollout_engine="vllm", correction=("routing_replay",)), reg)
-    assert any("engine 'vllm' does not record them" in p.message for p in problems), problems
+    assert any("'routed_experts', which engine 'vllm' does not provide" in p.message for p in problems), problems
