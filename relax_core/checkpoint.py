@@ -86,7 +86,10 @@ def _seal(directory: Path) -> None:
 def is_complete(path: Path) -> bool:
     """Whether ``path`` is a complete checkpoint: its manifest is readable and every file
     it lists exists with the listed size (a checkpoint whose files were deleted or
-    truncated is not)."""
+    truncated is not).  A checkpoint written before manifests existed (relax-core 0.x
+    renamed only complete directories) counts when its state files are there."""
+    if not (Path(path) / MANIFEST).exists():
+        return all((Path(path) / name).is_file() for name in ("trainer_state.json", "rng.json", "rng_torch.safetensors"))
     try:
         files = json.loads((Path(path) / MANIFEST).read_text())["files"]
         return "trainer_state.json" in files and all(
