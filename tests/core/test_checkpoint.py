@@ -80,8 +80,16 @@ def test_a_truncated_or_incomplete_checkpoint_is_not_complete(tmp_path):
     assert not ckpt.is_complete(tmp_path / "step_000002")
     path, note = ckpt.resume_checkpoint(tmp_path)
     assert path == tmp_path / "step_000001" and "step_000002, which is incomplete" in note
-    (tmp_path / "step_000001" / ckpt.MANIFEST).unlink()
+    (tmp_path / "step_000001" / "rng.json").unlink()
     assert ckpt.resume_checkpoint(tmp_path)[0] is None
+
+
+def test_a_checkpoint_from_before_manifests_is_resumable(tmp_path):
+    save(tmp_path, 1)
+    (tmp_path / "step_000001" / ckpt.MANIFEST).unlink()  # as the previous version wrote it
+    assert ckpt.latest_checkpoint(tmp_path) == tmp_path / "step_000001"
+    (tmp_path / "step_000001" / "trainer_state.json").unlink()
+    assert ckpt.latest_checkpoint(tmp_path) is None
 
 
 @pytest.mark.parametrize("keep", [1, 2])

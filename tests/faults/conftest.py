@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 FAULTS = Path(__file__).resolve().parent
-if str(FAULTS) not in sys.path:
-    sys.path.insert(0, str(FAULTS))
+if str(FAULTS) not in sys.path:  # appended: tests/e2e's `from conftest import ...` must still find its own
+    sys.path.append(str(FAULTS))
 
 
 @pytest.fixture(scope="session")
