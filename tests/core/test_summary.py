@@ -11,7 +11,8 @@ from relax_core.summary import summary_lines
 def _run(tmp_path, n=8):
     run = tmp_path / "grpo-x"
     (run / "checkpoints" / f"step_{n:06d}").mkdir(parents=True)
-    (run / "checkpoints" / f"step_{n:06d}" / "trainer_state.json").write_text("{}")
+    for name in ("trainer_state.json", "rng.json", "rng_torch.safetensors"):  # a complete checkpoint's state files
+        (run / "checkpoints" / f"step_{n:06d}" / name).write_text("{}")
     (run / "checkpoints" / f"step_{n:06d}" / "model.safetensors").write_bytes(b"0" * 1500)
     (run / "checkpoints" / "latest").write_text(f"step_{n:06d}")
     (run / "final").mkdir()
