@@ -11,6 +11,8 @@ from typing import Optional
 
 import typer
 
+from relax_core.exits import EXIT_BAD_INPUT
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Relax: plugin-based RL post-training for language models.")
 plugins_app = typer.Typer(add_completion=False, rich_markup_mode=None,
@@ -25,7 +27,7 @@ def _registry():
         return default_registry()
     except PluginError as e:  # strict mode
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_BAD_INPUT)
 
 
 def _version_callback(value: bool) -> None:
@@ -70,11 +72,11 @@ def train(ctx: typer.Context) -> None:
                             yaml_source=config_path or "config")
     except ConfigError as e:
         _print_problems([f"config: {p}" for p in e.problems])
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_BAD_INPUT)
     resolved, problems = resolve(cfg, reg)
     if problems:
         _print_problems([str(p) for p in problems])
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_BAD_INPUT)
     from relax_core.launch import BadInput, launch, preflight
 
     if ns.dry_run:
@@ -82,7 +84,7 @@ def train(ctx: typer.Context) -> None:
             checked = preflight(cfg, resolved, reg)
         except BadInput as e:
             _print_problems(e.problems)
-            raise typer.Exit(2)
+            raise typer.Exit(EXIT_BAD_INPUT)
         for w in checked.warnings:
             typer.echo(f"relax: warning: {w}", err=True)
         _print_dry_run(cfg, resolved, reg)
@@ -202,7 +204,7 @@ def plugins_show(name: str, kind: Optional[str] = typer.Option(None, help="Disam
             typer.echo(f"error: plugin '{p.name}' ({p.dist} {p.version}) failed to load: {p.error}", err=True)
         if not broken:
             typer.echo(f"error: no component named '{name}' (see `relax plugins`)", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_BAD_INPUT)
     for r in found:
         s = r.spec
         typer.echo(f"{s.kind} {s.name}  ({r.origin}, plugin '{r.plugin.name}')")
@@ -246,7 +248,7 @@ def plugins_new(
         root = write_plugin(kind, name, dest, summary)
     except (ValueError, FileExistsError) as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_BAD_INPUT)
     typer.echo(f"wrote {root}\nnext: pip install -e {root} && pytest {root}/tests")
 
 
@@ -266,7 +268,7 @@ def capabilities(
 
     if kind is not None and kind not in KINDS:
         typer.echo(f"error: unknown kind '{kind}'; one of {', '.join(KINDS)}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_BAD_INPUT)
     reg = _registry()
     if as_json:
         import json
@@ -300,7 +302,7 @@ def plot(
         path = plot_runs(run_dirs, metrics=metric or None, out=out)
     except PlotError as e:
         typer.echo(f"relax plot: error: {e}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_BAD_INPUT)
     typer.echo(str(path))
 
 

@@ -313,3 +313,14 @@ def load_engine_weights(path: Path) -> dict[str, torch.Tensor] | None:
 
     f = Path(path) / ENGINE_WEIGHTS
     return load_file(str(f)) if f.is_file() else None
+
+
+def save_final_model(directory: Path, backend: Any, tokenizer: Any, dtype: str = "train") -> Path:
+    """Write the trained model in Hugging Face format (``--save-hf``) with its tokenizer, in
+    ``dtype`` (``--save-hf-dtype``: ``train`` keeps the training dtype, ``bfloat16`` halves a
+    float32 model); returns ``directory``."""
+    backend.save_hf(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    if dtype == "bfloat16":
+        convert_hf_dtype(directory, torch.bfloat16)
+    return Path(directory)

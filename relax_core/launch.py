@@ -20,11 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-EXIT_BAD_INPUT = 2
-#: exit code of a run stopped because a training worker died
-EXIT_WORKER_DIED = 4
-EXIT_CHECKPOINT_FAILED = 5
-EXIT_INTERRUPTED = 130
+from relax_core.exits import EXIT_BAD_INPUT, EXIT_CHECKPOINT_FAILED, EXIT_INTERRUPTED, EXIT_WORKER_DIED
 
 
 class BadInput(ValueError):

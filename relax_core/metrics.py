@@ -129,3 +129,9 @@ def rewrite_metrics(run_dir: Path, records: list[dict]) -> None:
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
     tmp.replace(path)
+
+
+def non_finite(metrics: dict[str, float]) -> str:
+    """``"name=value, ..."`` of the metrics that are not finite (``"(none reported)"``)."""
+    bad = {k: v for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)}
+    return ", ".join(f"{k}={v}" for k, v in sorted(bad.items())) or "(none reported)"

@@ -10,8 +10,7 @@
 Synchronous local, synchronous Ray and fully-async Ray runs differ only in the objects
 given to :class:`Trainer` (the engine and backend, or their Ray proxies; a
 :class:`~relax_core.rollout.SyncSource` or :class:`~relax_core.rollout.AsyncSource`; a
-pushing or posting :class:`~relax_core.rollout.Publisher`): see
-:func:`relax_core.launch.launch`.  Shapes: ``B`` samples, ``T`` padded response length.
+pushing or posting :class:`~relax_core.rollout.Publisher`): see :func:`build_trainer`.  Shapes: ``B`` samples, ``T`` padded response length.
 
 Old log-probs (``train/old_logp_source``): 0 = ``detach(log π_θ)`` in the loss, used when
 there is exactly one optimizer step per rollout and nothing before the update needs them
@@ -30,19 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
 from relax_core import checkpoint as ckpt
 from relax_core.batch import Batch
 from relax_core.contracts import AdvantageInput
+from relax_core.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED
 from relax_core.interrupts import RunAborted
 from relax_core.loss import ActorLoss, CriticLoss, LossSettings, global_denominators
-from relax_core.metrics import MetricsLogger, rewrite_metrics
+from relax_core.metrics import MetricsLogger, non_finite, rewrite_metrics
 from relax_core.numerics import masked_normalize
 from relax_core.rollout import AsyncSource, Publisher, Rollout, SyncSource, sample_records
 
 OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, OLD_LOGP_ROLLOUT = 0, 1, 2
-EXIT_OK, EXIT_SKIPPED, EXIT_INTERRUPTED = 0, 3, 130
 #: per step, the dataset index, group and weight version of every sample trained
 TRAINED_LOG = "trained_prompts.jsonl"
 
@@ -280,7 +277,7 @@ class Trainer:
                     self.save()
                     self.log.message(f"stopping: {s.consecutive_skipped} consecutive steps with a non-finite loss or "
                                      f"gradient (--max-skipped-steps {cfg.max_skipped_steps}); checkpoint saved. "
-                                     f"Offending metrics: {_non_finite(metrics)}")
+                                     f"Offending metrics: {non_finite(metrics)}")
                     return EXIT_SKIPPED
                 if self._interrupted:
                     path = self.save()
@@ -290,11 +287,8 @@ class Trainer:
                     self.save()
             self.save(include_optimizer=False)  # a completed run: the optimizer state is not needed
             if cfg.save_hf:
-                final = self.run_dir / "final"
-                self.c.backend.save_hf(str(final))
-                self.source.rollout.tokenizer.save_pretrained(str(final))
-                if cfg.save_hf_dtype == "bfloat16":
-                    ckpt.convert_hf_dtype(final, torch.bfloat16)
+                final = ckpt.save_final_model(self.run_dir / "final", self.c.backend, self.source.rollout.tokenizer,
+                                              cfg.save_hf_dtype)
                 self.log.message(f"final model (Hugging Face format): {final}")
         finally:
             self.source.close()
@@ -320,7 +314,3 @@ def build_trainer(cfg: Any, comps: Components, train_data: Any, eval_data: Any, 
     source = AsyncSource(rollout, cfg.max_staleness) if cfg.fully_async else SyncSource(rollout)
     return Trainer(cfg, comps, source, publisher, eval_data, run_dir, policy_loss_kind, config_dict)
 
-
-def _non_finite(metrics: dict[str, float]) -> str:
-    bad = {k: v for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)}
-    return ", ".join(f"{k}={v}" for k, v in sorted(bad.items())) or "(none reported)"

@@ -18,8 +18,8 @@ from fakes import count_sevens, make_fakes  # noqa: E402
 from relax_core.config import RunConfig  # noqa: E402
 from relax_core.data import load_dataset  # noqa: E402
 from relax_core.metrics import read_metrics  # noqa: E402
-from relax_core.trainer import (EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED, OLD_LOGP_CURRENT,  # noqa: E402
-                                 OLD_LOGP_RECOMPUTED, Components, Trainer, build_trainer)
+from relax_core.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED  # noqa: E402
+from relax_core.trainer import OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, Components, Trainer, build_trainer  # noqa: E402
 
 grpo = pytest.importorskip("relax_grpo.grpo")
 GRPOParams = pytest.importorskip("relax_grpo.plugin").GRPOParams
@@ -188,7 +188,6 @@ def test_sigint_finishes_the_step_saves_and_exits_cleanly(tmp_path):
     import os
     import signal
 
-    from relax_core.trainer import EXIT_INTERRUPTED
 
     calls = []
 

@@ -19,7 +19,7 @@ from test_loop_fakes import make_trainer  # noqa: E402
 from relax_core.batch import FIELDS, Batch  # noqa: E402
 from relax_core.config import RunConfig  # noqa: E402
 from relax_core.plugins import load_registry  # noqa: E402
-from relax_core.trainer import EXIT_OK  # noqa: E402
+from relax_core.exits import EXIT_OK  # noqa: E402
 from relax_core.validation import resolve  # noqa: E402
 
 

@@ -13,7 +13,7 @@ from relax_ray_helpers import ray_args, run_train, trained
 
 import relax_core.distributed.runtime as runtime_mod
 from relax_core.data import DataCursor
-from relax_core.launch import EXIT_WORKER_DIED
+from relax_core.exits import EXIT_WORKER_DIED
 from relax_core.distributed.proxies import RayEngine
 from relax_core.metrics import read_metrics
 
