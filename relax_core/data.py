@@ -112,7 +112,7 @@ def _records(path: Path) -> list[tuple[str, Any]]:
                 try:
                     out.append((f"{path}:{lineno}", json.loads(line)))
                 except json.JSONDecodeError as e:
-                    out.append((f"{path}:{lineno}", ValueError(f"invalid JSON: {e.msg} (column {e.colno})")))
+                    out.append((f"{path}:{lineno}", ValueError(f"invalid JSON: {e.msg} (line {lineno}, column {e.colno})")))
         return out
     if suffix in (".json", ".parquet"):
         import datasets

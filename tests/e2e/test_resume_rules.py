@@ -152,7 +152,7 @@ def test_dry_run_reads_the_data(tiny_model_dir, tmp_path):
     bad.write_text('{"prompt": "a", "label": "1"}\n{"prompt": "b", "label": "2",, "x": 1}\n')
     code, out = run_train([*tiny_args(tiny_model_dir, bad, tmp_path), "--dry-run"])
     assert code == 2
-    assert f"{bad}:2: invalid JSON: Expecting property name enclosed in double quotes (column 30)" in out
+    assert f"{bad}:2: invalid JSON: Expecting property name enclosed in double quotes (line 2, column 30)" in out
     assert '"valid": true' not in out
     good = tmp_path / "good.jsonl"
     good.write_text('{"prompt": "a", "label": "1"}\n')
