@@ -70,10 +70,6 @@ def _sync_reasons(cfg: Any) -> list[str]:
     if cfg.update_weights_interval > 1:
         r.append(f"--update-weights-interval {cfg.update_weights_interval} generates with weights up to "
                  f"{cfg.update_weights_interval - 1} steps old")
-    if cfg.partial_rollout:
-        r.append("--partial-rollout changes the effective batch")
-    if cfg.use_dynamic_global_batch_size:
-        r.append("--use-dynamic-global-batch-size changes the effective batch")
     gbs = cfg.effective_global_batch_size
     if cfg.rollout_batch_size * cfg.n_samples_per_prompt != gbs:
         r.append(f"rollout_batch_size × n_samples_per_prompt = {cfg.rollout_batch_size}×{cfg.n_samples_per_prompt} "
@@ -240,9 +236,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(E, "min_group_size", "min n", "Smallest --n-samples-per-prompt for which its reward stage is defined (2 or more: a group-relative baseline, which needs samples that differ).",
                _group_problem,
                "raise --n-samples-per-prompt, and sample with --rollout-temperature > 0 and a --rollout-top-k other than 1"),
-    Capability(E, "requires_complete_groups", "whole groups", "Every group must hold all its samples.",
-               lambda ctx, c: "needs complete groups, but --partial-rollout can split them" if c.requires_complete_groups and ctx.cfg.partial_rollout else None,
-               "drop --partial-rollout"),
+    Capability(E, "requires_complete_groups", "whole groups", "Every group must hold all its samples (post-processors drop whole groups only)."),
     Capability(E, "requires_normalize_advantages", "needs norm-adv", "Requires --normalize-advantages.",
                lambda ctx, c: "requires --normalize-advantages" if c.requires_normalize_advantages and not ctx.cfg.normalize_advantages else None,
                "add --normalize-advantages"),

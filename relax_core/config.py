@@ -79,8 +79,6 @@ class RunConfig:
     num_rollout: int = opt(20, "Number of rollouts (training steps of the loop).", ge=1, group="batch")
     micro_batch_size: int | None = opt(None, "Samples per micro-batch (gradient accumulation).", ge=1, group="batch")
     max_tokens_per_micro_batch: int | None = opt(None, "Pack micro-batches up to this many tokens.", ge=1, group="batch")
-    partial_rollout: bool = opt(False, "Resume unfinished generations across steps (changes the effective batch).", group="batch")
-    use_dynamic_global_batch_size: bool = opt(False, "Let the global batch size drift at runtime.", group="batch")
 
     # ---- loss
     calculate_per_token_loss: bool = opt(False, "Token-mean over all valid tokens of the global batch (else --loss-reduction).", group="loss")

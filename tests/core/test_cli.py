@@ -136,3 +136,11 @@ def test_strict_mode_fails_commands_with_exit_2(registry_with, monkeypatch):
         r = runner.invoke(app, args)
         assert r.exit_code == 2, args
         assert "plugin 'broken' (relax-broken 0.3.1) failed to load: ModuleNotFoundError" in r.stderr
+
+
+@pytest.mark.parametrize("flag", ["--partial-rollout", "--use-dynamic-global-batch-size"])
+def test_flags_the_loop_never_read_are_gone(flag):
+    """Both were parsed and recorded but never read by the loop (issue 18 item 14): a flag
+    either works or does not exist."""
+    res = CliRunner().invoke(app, ["train", "--dry-run", flag])
+    assert res.exit_code == 2 and "unknown option" in res.output
