@@ -84,7 +84,7 @@ class RunConfig:
     calculate_per_token_loss: bool = opt(False, "Token-mean over all valid tokens of the global batch (else --loss-reduction).", group="loss")
     loss_reduction: str = opt("seq-mean-token-mean", "Loss reduction when not per-token.", choices=REDUCTIONS, group="loss")
     loss_norm_constant: float | None = opt(None, "Constant for seq-mean-token-sum-norm (default: --rollout-max-response-len).", gt=0, group="loss")
-    normalize_advantages: bool = opt(False, "Whiten advantages over the global batch.", group="loss")
+    normalize_advantages: bool = opt(False, "Whiten advantages over the valid tokens of the global batch (sample variance, × N/(N−1)); REINFORCE++ estimators use their own.", group="loss")
     disable_rewards_normalization: bool = opt(False, "Skip the estimator's reward normalisation.", group="loss")
     eps_clip: float = opt(0.2, "PPO clip margin (ratio in [1-eps, 1+eps_high]).", ge=0, group="loss")
     eps_clip_high: float | None = opt(None, "Upper clip margin (default: --eps-clip).", ge=0, group="loss")

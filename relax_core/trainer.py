@@ -129,7 +129,9 @@ class Trainer:
         adv = out.advantages.float()  # [B, T]
         metrics = dict(out.metrics)
         if self.cfg.normalize_advantages and not out.normalized:  # REINFORCE++ normalises its own
-            adv, stats = masked_normalize(adv, batch.loss_mask)
+            # whitening over the valid tokens of the whole batch with the sample variance
+            # (× N/(N−1)), as the specification's advantage whitening
+            adv, stats = masked_normalize(adv, batch.loss_mask, unbiased=True)
             metrics["rollout/advantage_raw_mean"] = stats["mean"]
         mask = batch.loss_mask
         metrics["rollout/advantage_abs_mean"] = float(adv.abs()[mask].mean()) if mask.any() else 0.0

@@ -320,3 +320,24 @@ def test_weight_version_and_staleness_follow_the_update_weights_interval(tmp_pat
     recs = read_metrics(tmp_path / "runs" / "r")
     assert [r["staleness/max"] for r in recs] == [0.0, 1.0, 0.0, 1.0]
     assert [r["staleness/mean"] for r in recs] == [0.0, 1.0, 0.0, 1.0]
+
+
+def test_normalize_advantages_whitens_with_the_sample_variance(tmp_path):
+    """--normalize-advantages over the valid tokens of the batch, variance × N/(N−1) (issue 18
+    item 11): four one-token samples with raw advantages [1, 2, 3, 4] whiten to
+    ±1.161895, ±0.387298 (the population variance gave ±1.341641, ±0.447214)."""
+    from relax_core.batch import Batch
+    from relax_core.contracts import AdvantageOutput
+
+    class Fixed:
+        def compute_advantages(self, inp):
+            adv = torch.tensor([[1.0, 0.0], [2.0, 0.0], [3.0, 0.0], [4.0, 0.0]])
+            return AdvantageOutput(advantages=adv, returns=adv)
+
+    tr, _ = make_trainer(tmp_path, normalize_advantages=True)
+    tr.c.estimator = Fixed()
+    mask = torch.tensor([[True, False]] * 4)
+    batch = Batch(rewards=torch.zeros(4), group_index=torch.arange(4), loss_mask=mask, response_lengths=torch.ones(4, dtype=torch.long))
+    out, _ = tr.advantages(batch)
+    torch.testing.assert_close(out.advantages[:, 0], torch.tensor([-1.161895, -0.387298, 0.387298, 1.161895]), atol=1e-6, rtol=0)
+    assert (out.advantages[:, 1] == 0).all()
