@@ -5,7 +5,9 @@ the label key points at the wrong field, ...) trains on nothing but looks like a
 
 - :func:`label_check`, before any model loads (``relax train`` and ``--dry-run``): the first
   rows of each dataset are scored with their own label as the response, bare and inside
-  ``\\boxed{}``.  When no row's label scores in either form a correct answer cannot score,
+  ``\\boxed{}``, through the reward worker pool with ``--reward-timeout`` like every score
+  (a scorer that raises or hangs is counted, never trusted to return); such calls carry
+  ``metadata["label_check"] = True``.  When no row's label scores in either form a correct answer cannot score,
   and the run is refused (exit 2); when only the boxed form scores while the prompts do not
   ask for a box, or some rows' labels cannot score, it warns.
 - :class:`RewardWatch`, during the run: wraps the run's batch score function and warns once
@@ -51,12 +53,14 @@ def _asks_for_box(row: dict, cfg: Any) -> bool:
 
 
 def label_check(scorer: Any, datasets: Sequence[tuple[str, Any]], cfg: Any) -> tuple[list[str], list[str]]:
-    """Score the first :data:`CHECK_ROWS` labels of each dataset through the run's scorer.
+    """Score the first :data:`CHECK_ROWS` labels of each dataset through the run's scorer, in
+    the reward worker pool (:func:`relax_core.rewarding.score_batch`, ``--reward-timeout``,
+    ``--reward-num-workers``).
 
     Args:
         scorer: the run's :class:`~relax_core.rewarding.Scorer` (its ``check`` has passed).
         datasets: ``(flag, Dataset)`` pairs, e.g. ``[("--data", train), ("--eval-data", ev)]``.
-        cfg: the run config (``system_prompt``).
+        cfg: the run config (``system_prompt``, ``reward_timeout``, ``reward_num_workers``).
 
     Returns:
         ``(problems, warnings)``: problems refuse the run (exit 2), warnings are printed.
@@ -73,25 +77,27 @@ def label_check(scorer: Any, datasets: Sequence[tuple[str, Any]], cfg: Any) -> t
             spec = scorer.specs.get(name)
             if spec is not None and not getattr(spec, "self_check", True):
                 continue
-            bare_ok, boxed_ok, errors, unscored = [], [], [], []
-            for row in rows:
-                meta = {**row["metadata"], "prompt": row["prompt"]}
-                scores = []
-                for text in _candidates(row["label"]):
-                    try:
-                        scores.append(scorer(text, row["label"], meta))
-                    except Exception as e:  # a scorer bug: report it, never crash the check
-                        errors.append(f"{type(e).__name__}: {e}")
-                        scores.append(None)
-                bare, boxed = scores
+            from relax_core.rewarding import score_batch
+
+            texts = [t for row in rows for t in _candidates(row["label"])]
+            labels = [row["label"] for row in rows for _ in range(2)]
+            metas = [{**row["metadata"], "label_check": True} for row in rows for _ in range(2)]
+            prompts = [row["prompt"] for row in rows for _ in range(2)]
+            got, stats = score_batch(scorer, texts, labels, metas, timeout=cfg.reward_timeout,
+                                     num_workers=cfg.reward_num_workers, prompts=prompts)
+            failed = stats["reward_errors"] + stats["reward_timeouts"]
+            bare_ok, boxed_ok, unscored = [], [], []
+            for bare, boxed in zip(got[0::2], got[1::2]):
                 bare_ok.append(bool(bare and bare > 0))
                 boxed_ok.append(bool(boxed and boxed > 0))
                 unscored.append(bare is None and boxed is None)
             first = rows[0]
             label = str(first["label"])
             where = f"reward scorer '{name}' on {flag} {ds.name}"
-            if errors:  # the run counts such errors per sample; here it is only worth a warning
-                warnings.append(f"{where}: raised scoring a label as the response ({errors[0]})")
+            if failed:  # the run counts such failures per sample; here they are only worth a warning
+                warnings.append(f"{where}: {stats['reward_errors']} error(s) and {stats['reward_timeouts']} "
+                                f"timeout(s) (--reward-timeout {cfg.reward_timeout} s) scoring labels as the "
+                                "response; the label check is skipped for it")
             elif not any(bare_ok) and not any(boxed_ok):
                 why = ("cannot score the labels at all (it returns None: not an answer it can read)"
                        if all(unscored) else f"gives 0 to the label itself ('{label}') and to '\\boxed{{{label}}}'")

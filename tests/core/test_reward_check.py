@@ -64,6 +64,19 @@ def test_dry_run_refuses_a_scorer_that_cannot_score_a_correct_answer(arith):
     assert "--reward gsm8k" in r.stderr and "--label-key" in r.stderr and r.stdout == ""
 
 
+@pytest.mark.parametrize("scorer, what", [("sleep_past_timeout", "6 timeout(s)"), ("always_raise", "6 error(s)")])
+def test_the_label_check_isolates_a_scorer_that_hangs_or_raises(arith, scorer, what):
+    """The start-up label check scores through the reward pool with --reward-timeout: a
+    scorer that sleeps for an hour costs seconds, and one that raises is counted; both give
+    a warning, not a hang or a refusal."""
+    t0 = time.monotonic()
+    r = runner.invoke(app, ["train", "--dry-run", "--data", str(arith), "--custom-rm-path",
+                            f"rewarding_toy_scorers:{scorer}", "--reward-timeout", "1", "--reward-num-workers", "2"])
+    assert r.exit_code == 0, r.output
+    assert time.monotonic() - t0 < 60
+    assert what in r.stderr and "the label check is skipped for it" in r.stderr  # 3 labels, bare and boxed
+
+
 def test_dry_run_warns_when_only_a_boxed_answer_scores_and_the_prompt_asks_for_none(tmp_path, arith):
     r = runner.invoke(app, ["train", "--dry-run", "--data", str(arith), "--reward", "math"])
     assert r.exit_code == 0

@@ -7,7 +7,6 @@ marker so that it fires once, also across replaced workers and resumed runs."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import time
@@ -21,10 +20,11 @@ def vowel_fraction(response: str, label, metadata) -> float:
     return sum(c in "aeiou" for c in letters) / len(letters) if letters else 0.0
 
 
-def _fire() -> bool:
-    """Whether this call is one of ``RELAX_FAULT_AT`` that has not fired yet."""
+def _fire(metadata: dict) -> bool:
+    """Whether this call is one of ``RELAX_FAULT_AT`` that has not fired yet (the start-up
+    label check's calls, ``metadata["label_check"]``, do not count)."""
     global _calls
-    if multiprocessing.parent_process() is None:  # the trainer's own start-up label check, not a worker
+    if metadata.get("label_check"):
         return False
     _calls += 1
     at = [int(x) for x in os.environ.get("RELAX_FAULT_AT", "").split(",") if x]
@@ -40,25 +40,25 @@ def _fire() -> bool:
 def ctrl_c(response, label, metadata):
     """Presses Ctrl-C as a terminal does: SIGINT to the whole process group (trainer and
     workers), in the middle of scoring a batch."""
-    if _fire():
+    if _fire(metadata):
         os.killpg(os.getpgrp(), signal.SIGINT)
         time.sleep(0.2)  # still scoring when the signal lands
     return vowel_fraction(response, label, metadata)
 
 
 def raises(response, label, metadata):
-    if _fire():
+    if _fire(metadata):
         raise RuntimeError("injected scorer failure")
     return vowel_fraction(response, label, metadata)
 
 
 def hangs(response, label, metadata):
-    if _fire():
+    if _fire(metadata):
         time.sleep(3600)  # stuck, as a pathological sympy call would be
     return vowel_fraction(response, label, metadata)
 
 
 def kills_its_worker(response, label, metadata):
-    if _fire():
+    if _fire(metadata):
         os.kill(os.getpid(), signal.SIGKILL)
     return vowel_fraction(response, label, metadata)
