@@ -12,10 +12,8 @@ from relax_torch_test_helpers import PGLoss, make_backend, make_batch
 
 
 def _half(batch, rank, world):
-    from relax_torch.backend import _slice
-
     n = batch.size // world
-    return _slice(batch, rank * n, (rank + 1) * n)
+    return batch.slice(rank * n, (rank + 1) * n)
 
 
 def _worker(rank, world, init_file, model_dir, out_dir):
