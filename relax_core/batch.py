@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import Tensor
@@ -338,11 +338,6 @@ class Batch(Fields):
         if all(v.device == device for v in tensors.values()):
             return self
         return self.replace(**{k: v.to(device) for k, v in tensors.items()})
-
-    def only(self, names: Iterable[str]) -> "Batch":
-        """The batch restricted to ``names`` (those present)."""
-        keep = set(names)
-        return Batch(**{k: v for k, v in self.items().items() if k in keep})
 
     # ------------------------------------------------------------------ transport and files
 

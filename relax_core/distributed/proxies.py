@@ -82,7 +82,6 @@ class RayEngine:
             RuntimeError: a chunk failed :data:`MAX_GENERATE_ATTEMPTS` times.
         """
         import ray
-        import torch
 
         from relax_core.contracts import GenerationOutput
 
