@@ -121,8 +121,10 @@ def actor_loss_terms(estimator: Any, corrections: list[Any], s: LossSettings, pr
     Returns:
         ``(loss, metrics, scalar_metrics)``: the 0-dim loss (with grad); this micro-batch's
         0-dim detached contributions to the global-batch metrics (``pg_loss``,
-        ``kl_loss``, ``entropy``, ``loss`` and each token metric's masked mean over
-        ``num_tokens``); the estimator's and corrections' scalar metrics as they return them.
+        ``kl_loss``, ``entropy`` in the run's reduction — the entropy bonus's term —,
+        ``loss``, and each token metric's masked mean over ``num_tokens``, among them
+        ``entropy_token_mean``); the estimator's and corrections' scalar metrics as they
+        return them.
     """
     mask = fields["loss_mask"]
     log_probs, entropy, rollout_log_probs = fields["log_probs"], fields.get("entropy"), fields.get("rollout_log_probs")
@@ -157,6 +159,8 @@ def actor_loss_terms(estimator: Any, corrections: list[Any], s: LossSettings, pr
         diff = masked_fill_zero(log_probs.detach().float() - rollout_log_probs.float(), mask)  # [b, T]
         token_metrics["train_rollout_logprob_abs_diff"] = diff.abs_()
     weights = mask.to(torch.float32)  # [b, T], once for every metric
+    if entropy is not None:  # the token mean TRL and verl log, beside the run's reduction above
+        token_metrics["entropy_token_mean"] = masked_fill_zero(entropy.detach(), mask)
     for name, x in token_metrics.items():
         metrics[name] = token_metric_mean(x, weights, num_tokens=num_tokens)
     return loss, metrics, scalar_metrics

@@ -79,6 +79,20 @@ def test_kl_and_entropy_terms_values_gradient_and_metrics():
     assert m["train/pg_clipfrac"] == 0.0 and m["train/k"] == pytest.approx(2.0)
 
 
+@pytest.mark.parametrize("reduction,reduced", [("token-mean", 2.0), ("seq-mean-token-mean", 2.25)])
+def test_entropy_is_logged_in_the_runs_reduction_and_as_a_token_mean(reduction, reduced):
+    # entropy [[2, 1, -], [3, -, -]] (masked slots NaN / 1e9): token mean 6/3 = 2;
+    # mean of sequence means (1.5 + 3)/2 = 2.25; the bonus uses the run's reduction
+    tb, lp, ent = _batch()
+    fn = ActorLoss(Reinforce(), [], _settings(reduction, ent=0.5), num_tokens=3, num_samples=2,
+                   old_from_current=False)
+    fn(tb, ForwardOutput(log_probs=lp, entropy=ent))
+    m = fn.metrics()
+    assert m["train/entropy"] == pytest.approx(reduced, abs=1e-6)
+    assert m["train/entropy_token_mean"] == pytest.approx(2.0, abs=1e-6)
+    assert m["train/loss"] == pytest.approx(m["train/pg_loss"] - 0.5 * reduced, abs=1e-6)
+
+
 def test_corrections_apply_in_the_given_order():
     tb, lp, ent = _batch()
     a = ActorLoss(Reinforce(), [Times2(), Plus1()], _settings(), num_tokens=3, num_samples=2, old_from_current=False)

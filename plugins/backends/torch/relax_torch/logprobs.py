@@ -7,6 +7,7 @@ For hidden states ``h`` (``[N, H]``), the output embedding ``W`` (``[V, H]``, op
     z = β (h Wᵀ + c)                      logits at temperature τ,        [N, V]
     log p_y = z_y − logsumexp(z)          log-prob of the target token y, [N]
     H = logsumexp(z) − Σ_v p_v z_v        entropy of p = softmax(z),      [N]
+      = log Σ_v e^{z'_v} − Σ_v e^{z'_v} z'_v / Σ_v e^{z'_v},   z' = z − max z
     log p_v, v ∈ ids                      log-probs at given ids,         [N, k]
 
 The backward recomputes each chunk's logits and applies the analytic gradients
@@ -18,7 +19,11 @@ then ``∂z/∂h = β W``, ``∂z/∂W = β h``, ``∂z/∂c = β``, with ``p = 
 from the ``logsumexp`` saved by the forward.  An output that does not reach the loss (the
 entropy when it is only a metric) gets no gradient term.  Memory is O(chunk × V) instead of
 O(N × V).  Computation is in float32 (float64 when the weights are float64) with autocast
-off, whatever the dtype of ``h``.
+off, whatever the dtype of ``h``.  The entropy is computed from the shifted logits ``z'``
+(no cancellation of two numbers of the size of ``logsumexp(z)``) with element-wise sums
+over the vocabulary (pairwise, unlike one float32 matrix product per row, whose error grows
+with V): on SmolLM2's 49 152-token vocabulary it agrees with a float64 reference to about
+1e-5 nats per token.
 """
 
 from __future__ import annotations
@@ -58,11 +63,11 @@ class _TokenLogProbs(torch.autograd.Function):
                 total = ez.sum(-1)  # [c]
                 lse[s:e] = m.squeeze(1) + total.log()
                 logp[s:e] = z.gather(1, targets[s:e, None]).squeeze(1) - lse[s:e]
-                if ent is not None:  # H = lse − Σ p z, with Σ p z = (Σ ez·z) / total
-                    ent[s:e] = lse[s:e] - (ez[:, None, :] @ z[:, :, None]).flatten() / total
-                del ez
                 if top is not None:
                     top[s:e] = z.gather(1, top_ids[s:e]) - lse[s:e, None]
+                if ent is not None:  # H = log Σ ez − Σ ez·z' / Σ ez, z' = z − max z, an element-wise (pairwise) sum
+                    ent[s:e] = total.log() - ez.mul_(z.sub_(m)).sum(-1) / total
+                del ez
         ctx.save_for_backward(h, w, b, targets, top_ids, lse)
         ctx.beta, ctx.chunk, ctx.dt = beta, chunk, dt
         return logp, ent, top
@@ -91,7 +96,8 @@ class _TokenLogProbs(torch.autograd.Function):
                 if g_top is not None:
                     coef += g_top[s:e].to(dt).sum(-1, keepdim=True)
                 if g_ent is not None:
-                    pz = (p[:, None, :] @ z[:, :, None]).flatten(1)  # Σ_v p_v z_v, [c, 1]
+                    z.sub_(lse[s:e, None])  # log p ≤ 0 (shift-invariant: z_j − Σ p z = log p_j − Σ p log p)
+                    pz = (p * z).sum(-1, keepdim=True)  # Σ_v p_v log p_v, an element-wise sum, [c, 1]
                     gz = z.sub_(pz).mul_(g_ent[s:e].to(dt)[:, None] * -beta).sub_(coef * beta).mul_(p)
                 else:
                     gz = p.mul_(coef * -beta)

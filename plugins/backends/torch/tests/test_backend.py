@@ -46,6 +46,36 @@ def test_token_log_probs_gradients_match_autograd(dtype):
             (hid, w, b))
 
 
+@pytest.mark.slow
+def test_entropy_matches_float64_on_a_real_vocabulary():
+    """SmolLM2-135M's own final hidden states and output embedding (V = 49 152) on a
+    GSM8K-style text: the float32 entropy and its gradient agree with a float64 reference to
+    about 1e-5 nats (one float32 matrix product over the vocabulary per row was off by up
+    to 5e-3 nats here; issue 18 item 13b)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from relax_core.models import ensure_default_model
+
+    path = ensure_default_model()
+    tok, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ids = tok("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+              "How many clips did Natalia sell altogether? Answer: 48 + 24 = 72.", return_tensors="pt").input_ids
+    with torch.no_grad():
+        hid = model(ids, output_hidden_states=True).hidden_states[-1][0]  # [T, 576], after the final norm
+    w = model.get_output_embeddings().weight.detach()  # [49152, 576]
+    y = ids[0]
+    for temperature in (1.0, 0.7):
+        h = hid.clone().requires_grad_(True)
+        _, ent, _ = token_log_probs(h, w, y, temperature=temperature, entropy=True, chunk=16)
+        (g,) = torch.autograd.grad(ent.sum(), h)
+        h64 = hid.double().requires_grad_(True)
+        ls = (h64 @ w.double().T / temperature).log_softmax(-1)
+        ref = -(ls.exp() * ls).sum(-1)  # [T]
+        (g64,) = torch.autograd.grad(ref.sum(), h64)
+        assert (ent.double() - ref).abs().max() < 5e-5, (temperature, (ent.double() - ref).abs().max())
+        torch.testing.assert_close(g.double(), g64, rtol=1e-3, atol=1e-4)
+
+
 @pytest.mark.parametrize("used", ["logp", "entropy", "top", "logp+entropy.detach"])
 def test_token_log_probs_gradient_of_a_subset_of_outputs(used):
     """Outputs that do not reach the loss (the entropy when it is only a metric) add no
