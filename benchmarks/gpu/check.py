@@ -493,7 +493,8 @@ def report(r: dict, sizes: Sizes) -> str:
 # --------------------------------------------------------------------------- main
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (the docs' flag check reads it too)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny sizes (the test suite's check of this script)")
     ap.add_argument("--install", action="store_true", help="install .whl/*.whl and the tree first (GPU machine)")
@@ -502,7 +503,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="directory of gpu-check.md (default $OUT, else benchmarks/results)")
     ap.add_argument("--budget", type=float, default=450.0, help="seconds for the whole check (default 450)")
     ap.add_argument("--megatron-worker", nargs=2, metavar=("MODEL_DIR", "SIZES_JSON"), help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.megatron_worker:
         megatron_worker(*args.megatron_worker)
         return 0

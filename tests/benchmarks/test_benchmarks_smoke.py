@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCH))
+sys.path[:0] = [str(BENCH), str(BENCH / "gpu")]
+import check as gpu_check  # noqa: E402
 import e2e_trl  # noqa: E402
 import run_all  # noqa: E402
 
@@ -90,26 +91,16 @@ def test_script_smoke(name):
     assert p.stdout.strip()
 
 
-def _gpu_check():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_check", BENCH / "gpu" / "check.py")
-    mod = sys.modules["gpu_check"] = importlib.util.module_from_spec(spec)  # (dataclasses look it up there)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_gpu_check_flops_reproduce_prime_rl_mfu():
     """The MFU convention is prime-rl's: its published 11896 tokens/s on an H100 for
     Qwen3-0.6B at 16384 tokens per sequence is 11.08 % MFU by its own figure."""
     from relax_core.models import QWEN3_0_6B
 
-    check = _gpu_check()
-    a = check.PRIME_RL_ANCHOR
-    mfu = 100 * check.flops_per_token(QWEN3_0_6B, a["seq_len"]) * a["tokens_per_s"] / check.PEAK_BF16_FLOPS
+    a = gpu_check.PRIME_RL_ANCHOR
+    mfu = 100 * gpu_check.flops_per_token(QWEN3_0_6B, a["seq_len"]) * a["tokens_per_s"] / gpu_check.PEAK_BF16_FLOPS
     assert mfu == pytest.approx(a["mfu_pct"], abs=0.01)
     # by hand: 6 N (N = 176.2 M attention + 264.2 M MLP + 155.6 M head) + 12 L H q T
-    assert check.flops_per_token(QWEN3_0_6B, 1) == 6 * (176_160_768 + 264_241_152 + 155_582_464) + 12 * 28 * 16 * 64
+    assert gpu_check.flops_per_token(QWEN3_0_6B, 1) == 6 * (176_160_768 + 264_241_152 + 155_582_464) + 12 * 28 * 16 * 64
 
 
 @pytest.mark.slow
