@@ -533,8 +533,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.install:
         env = install(env)
         sys.path.insert(0, str(SITE))
+    if args.smoke:  # one torch thread: on a shared 2-core machine, threads mostly wait on each other
+        env["OMP_NUM_THREADS"] = "1"
     os.environ.update(env)
     import torch
+
+    if args.smoke:
+        torch.set_num_threads(1)
 
     sizes = SMOKE if args.smoke else full_sizes()
     if sizes.device == "cuda" and not torch.cuda.is_available():

@@ -2,7 +2,7 @@
 the end-to-end comparison's bookkeeping is right.  Benchmarks are not tests: nothing here
 checks a timing, only that each script exits 0 and prints its table.  The smoke runs that load
 models or start Ray take minutes and are marked slow (CI runs them: ``make test PYTEST_ARGS=""``);
-the fast ones take about 20 s together."""
+the fast ones take about 20 s together, plus the GPU check's smoke run (about 50 s)."""
 
 from __future__ import annotations
 
@@ -103,11 +103,12 @@ def test_gpu_check_flops_reproduce_prime_rl_mfu():
     assert gpu_check.flops_per_token(QWEN3_0_6B, 1) == 6 * (176_160_768 + 264_241_152 + 155_582_464) + 12 * 28 * 16 * 64
 
 
-@pytest.mark.slow
 def test_gpu_check_smoke(tmp_path):
     """``benchmarks/gpu/check.py --smoke``: every part of the GPU check on the CPU at tiny
     sizes (CUDA tests collected and skipped, torch and megatron throughput rows, the whole
-    loop), so that a broken script is found here and not on the GPU machine."""
+    loop), so that a broken script is found here and not on the GPU machine.  In the fast
+    suite: about 50 s at load average 9 (23 s of CPU time), most of it the subprocesses'
+    imports."""
     p = subprocess.run([sys.executable, str(BENCH / "gpu" / "check.py"), "--smoke", "--out", str(tmp_path)],
                        capture_output=True, text=True, cwd=BENCH.parent, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
