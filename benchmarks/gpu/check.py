@@ -88,11 +88,12 @@ PEAK_BF16_FLOPS = 989e12
 #: Its configuration (``benchmarks/scripts/run_single_benchmark.py``): RL trainer, full
 #: fine-tune, 1 GPU, ``--model.seq-len 16384``, fake data of batch size 2 (2 micro-batches of
 #: one 16384-token sequence), full activation recomputation (``--model.ac``), FlashAttention 3,
-#: ``--model.compile``, FSDP2 with bfloat16 parameters; 4 steps, the first not counted.  Its
-#: two timings do not reconcile: 2 × 16384 tokens in its 1.99 s step time would be 16.5 k
-#: tokens/s (prime-rl's tokens/s is timed inside its step, over the forward-backward in its
-#: current ``rl/train.py``); the check compares with the published tokens/s as it stands and
-#: times tokens over the whole ``train_step`` (forward, backward, AdamW).
+#: ``--model.compile``, FSDP2 mixed precision (bfloat16 compute, ``trainer/model.py``); 4
+#: steps, the first not counted.  Its two timings do not reconcile: 2 × 16384 tokens in its
+#: 1.99 s step time would be 16.5 k tokens/s (how that run timed them is not in the result;
+#: prime-rl's current ``rl/train.py`` divides tokens by the forward-backward time); the check
+#: compares with the published tokens/s as it stands and times its own over the whole
+#: ``train_step`` (forward, backward, AdamW).
 PRIME_RL_ANCHOR = dict(tokens_per_s=11896.0, mfu_pct=11.08, step_s=1.99, peak_gib=12.53, seq_len=16384,
                        sequences_per_step=2, checkpointing=True, gpu="NVIDIA H100 80GB HBM3")
 
@@ -463,7 +464,7 @@ def report(r: dict, sizes: Sizes) -> str:
     if not isinstance(r.get("megatron"), list):
         lines.append(f"| megatron | | | not run: {r.get('megatron')} | | | | |")
     lines += ["", f"Anchor: prime-rl, Qwen3-0.6B RL full fine-tune, {a['sequences_per_step']} × {a['seq_len']} tokens "
-              f"per step, full recomputation, FlashAttention 3, torch.compile, FSDP2 bf16 parameters, on one "
+              f"per step, full recomputation, FlashAttention 3, torch.compile, FSDP2 bf16 mixed precision, on one "
               f"{a['gpu']}: {a['tokens_per_s']:.0f} tokens/s, MFU {a['mfu_pct']} %, {a['step_s']} s per step, "
               f"peak {a['peak_gib']} GiB (github.com/PrimeIntellect-ai/prime-rl, benchmarks/baselines/ and "
               "benchmarks/results/BENCHMARKS.md).  The comparable row is 16384 tokens with checkpointing on.  "
@@ -472,7 +473,7 @@ def report(r: dict, sizes: Sizes) -> str:
               "An H200 has the H100's compute (989 TFLOP/s dense bf16) and 1.4× its memory bandwidth: at this "
               "arithmetic intensity the step is compute-bound, so an H200 is expected within about 10 % of an "
               "H100 here; the ratio above is H200 against H100, not like for like.  Relax's torch backend "
-              "differs by design: float32 master weights with bf16 autocast (prime-rl keeps bf16 parameters), "
+              "differs by design: float32 master weights with bf16 autocast (prime-rl: FSDP2's bf16 parameter casts), "
               "PyTorch SDPA attention, no torch.compile of the model.", ""]
     lines += ["## The whole loop (`relax train`)", "",
               "| run | device | prompts × samples × new tokens, steps | step s | rollout s | train s | weight push s | "
