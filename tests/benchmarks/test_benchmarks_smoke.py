@@ -2,10 +2,11 @@
 the end-to-end comparison's bookkeeping is right.  Benchmarks are not tests: nothing here
 checks a timing, only that each script exits 0 and prints its table.  The smoke runs that load
 models or start Ray take minutes and are marked slow (CI runs them: ``make test PYTEST_ARGS=""``);
-the fast ones take about 20 s together."""
+the fast ones take about 20 s together, plus the GPU check's smoke run (about 50 s)."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import time
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCH))
+sys.path[:0] = [str(BENCH), str(BENCH / "gpu")]
+import check as gpu_check  # noqa: E402
 import e2e_trl  # noqa: E402
 import run_all  # noqa: E402
 
@@ -87,3 +89,36 @@ def test_script_smoke(name):
     p = _smoke(name)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip()
+
+
+def test_gpu_check_flops_reproduce_prime_rl_mfu():
+    """The MFU convention is prime-rl's: its published 11896 tokens/s on an H100 for
+    Qwen3-0.6B at 16384 tokens per sequence is 11.08 % MFU by its own figure."""
+    from relax_core.models import QWEN3_0_6B
+
+    a = gpu_check.PRIME_RL_ANCHOR
+    mfu = 100 * gpu_check.flops_per_token(QWEN3_0_6B, a["seq_len"]) * a["tokens_per_s"] / gpu_check.PEAK_BF16_FLOPS
+    assert mfu == pytest.approx(a["mfu_pct"], abs=0.01)
+    # by hand: 6 N (N = 176.2 M attention + 264.2 M MLP + 155.6 M head) + 12 L H q T
+    assert gpu_check.flops_per_token(QWEN3_0_6B, 1) == 6 * (176_160_768 + 264_241_152 + 155_582_464) + 12 * 28 * 16 * 64
+
+
+def test_gpu_check_smoke(tmp_path):
+    """``benchmarks/gpu/check.py --smoke``: every part of the GPU check on the CPU at tiny
+    sizes (CUDA tests collected and skipped, torch and megatron throughput rows, the whole
+    loop), so that a broken script is found here and not on the GPU machine.  In the fast
+    suite: about 50 s at load average 9 (23 s of CPU time), most of it the subprocesses'
+    imports."""
+    p = subprocess.run([sys.executable, str(BENCH / "gpu" / "check.py"), "--smoke", "--out", str(tmp_path)],
+                       capture_output=True, text=True, cwd=BENCH.parent, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    text = (tmp_path / "gpu-check.md").read_text()
+    tests = text.split("## CUDA tests", 1)[1].split("##", 1)[0]
+    assert "exit 0" in tests and " skipped" in tests and "failed" not in tests
+    rows = [line for line in text.splitlines() if line.startswith("| torch |")]
+    assert len(rows) == 4 and all("OOM" not in r and "FAILED" not in r for r in rows)
+    if importlib.util.find_spec("megatron") is not None:
+        assert sum(line.startswith("| megatron | 32 |") or line.startswith("| megatron | 64 |")
+                   for line in text.splitlines()) == 2
+    loop = [line for line in text.splitlines() if line.startswith("| loop-cpu-0 | cpu |")]
+    assert len(loop) == 1 and "FAILED" not in loop[0]

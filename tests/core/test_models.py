@@ -71,6 +71,26 @@ def test_tiny_models(tmp_path):
     assert ma(input_ids=torch.tensor([ids])).logits.shape == (1, len(ids), 49152)
 
 
+def test_byte_tokenizer_model_and_config_overrides(tmp_path):
+    """The tokenizer that needs no model package (the GPU check's machine has none): bytes
+    round-trip, ChatML, EOS/pad in the config; ``config`` replaces the tiny shape (a larger
+    vocabulary than the tokenizer's is allowed, a smaller one refused)."""
+    d = models.make_tiny_model(tmp_path / "bytes", vocab_from="bytes",
+                               config=dict(vocab_size=300, intermediate_size=96, num_hidden_layers=3))
+    m, tok = models.load_model(str(d)), models.load_tokenizer(str(d))
+    assert (m.config.vocab_size, m.config.intermediate_size, m.config.num_hidden_layers) == (300, 96, 3)
+    assert len(tok) == 259 and tok.eos_token_id == m.config.eos_token_id == 256 and tok.pad_token_id == 257
+    text = "Héllo 12+3=?"
+    ids = tok(text)["input_ids"]
+    assert len(ids) == len(text.encode()) and tok.decode(ids) == text
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode([ids[0], 299, 258 + 1]) == "H"  # ids past the tokenizer are skipped
+    assert models.QWEN3_0_6B["vocab_size"] == 151936 and models.QWEN3_0_6B["num_hidden_layers"] == 28
+    with pytest.raises(ValueError, match="vocab_size 100"):
+        models.make_tiny_model(tmp_path / "small", vocab_from="bytes", config=dict(vocab_size=100))
+
+
 def test_load_state_dict_in_place(tmp_path):
     m = models.load_model(str(models.make_tiny_model(tmp_path / "a", seed=0)))
     other = models.load_model(str(models.make_tiny_model(tmp_path / "b", seed=3)))

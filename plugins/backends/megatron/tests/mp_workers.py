@@ -161,3 +161,26 @@ def worker(rank: int, world: int, port: int, kind: str, out_path: str) -> None:
                 res["logits_diff"][k] = (got - want).abs().max().item()
             res["hf"] = hf_reference(tiny_hf(kind), batch, 1e-3)
         torch.save(res, out_path)
+
+
+def cuda_vs_torch_worker(rank: int, port: int, model_dir: str, out_path: str) -> None:
+    """One CUDA process (NCCL, TP = 1): the megatron and torch backends built from the same
+    Hugging Face directory; their float32 log-probs and entropies of :func:`tiny_batch`."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    from relax_core.config import RunConfig
+    from relax_core.models import load_model
+    from relax_megatron.backend import MegatronBackend
+    from relax_torch.backend import TorchBackend
+    from relax_torch.plugin import TorchBackendParams
+
+    hf = load_model(model_dir)
+    batch = tiny_batch()
+    meg = MegatronBackend(hf.config, hf.state_dict(), tp=1, temperature=TEMPERATURE, device="cuda")
+    tor = TorchBackend(TorchBackendParams(dtype="float32"),
+                       RunConfig(model=model_dir, device="cuda", rollout_temperature=TEMPERATURE))
+    out = {}
+    for name, be in (("megatron", meg), ("torch", tor)):
+        f = be.forward(batch, entropy=True)
+        out[name] = {"log_probs": f.log_probs.cpu(), "entropy": f.entropy.cpu()}
+    out["mask"] = batch.loss_mask
+    torch.save(out, out_path)
