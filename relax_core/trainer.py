@@ -37,6 +37,7 @@ from relax_core.interrupts import RunAborted
 from relax_core.loss import ActorLoss, CriticLoss, LossSettings, global_denominators
 from relax_core.metrics import MetricsLogger, non_finite, rewrite_metrics
 from relax_core.numerics import masked_normalize
+from relax_core.optimizer import OptimizerSettings, optimizer_step
 from relax_core.rollout import AsyncSource, Publisher, Rollout, SyncSource, sample_records
 
 OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, OLD_LOGP_ROLLOUT = 0, 1, 2
@@ -107,6 +108,7 @@ class Trainer:
         self.ckpt_dir = Path(cfg.save) if cfg.save else self.run_dir / "checkpoints"
         self.config_dict = config_dict
         self.loss_settings = LossSettings.from_config(cfg, policy_loss_kind)
+        self.optim_settings = OptimizerSettings.from_config(cfg, getattr(comps.estimator, "critic_settings", None))
         self.state = LoopState()
         self.old_logp_source = old_logp_source(cfg, comps.needs_critic)
         self._interrupted = False
@@ -158,20 +160,16 @@ class Trainer:
             tokens, samples = global_denominators(part.loss_mask)
             if self.c.needs_critic:
                 closs = CriticLoss(self.c.estimator, self.loss_settings, num_tokens=tokens, num_samples=samples)
-                cm = be.train_step(part, closs, role="critic")
-                add({**closs.metrics(), "train/critic_grad_norm": float(cm.get("grad_norm", math.nan))})
+                cr = optimizer_step(be, part, closs, role="critic", settings=self.optim_settings)
+                add({**closs.metrics(), "train/critic_grad_norm": cr.grad_norm})
             if step <= self.c.num_critic_only_steps:
                 continue
             aloss = ActorLoss(self.c.estimator, self.c.corrections, self.loss_settings, num_tokens=tokens,
                               num_samples=samples, old_from_current=self.old_logp_source == OLD_LOGP_CURRENT)
-            bm = be.train_step(part, aloss, role="actor")
-            m = aloss.metrics()
-            m["train/grad_norm"] = float(bm.get("grad_norm", math.nan))
-            if "lr" in bm:
-                m["train/lr"] = float(bm["lr"])
-            m.update({f"train/{k}": v for k, v in bm.items() if k.startswith("nonfinite/")})  # the offenders
-            if bm.get("skipped") or not math.isfinite(m.get("train/loss", math.nan)) or not math.isfinite(m["train/grad_norm"]):
-                skipped += 1
+            r = optimizer_step(be, part, aloss, role="actor", settings=self.optim_settings)
+            m = {**aloss.metrics(), "train/grad_norm": r.grad_norm, "train/lr": r.lr}
+            m.update({f"train/nonfinite/{k}": 1.0 for k in r.nonfinite})  # the offenders
+            skipped += r.skipped
             add(m)
         sums["train/skipped_steps"] = float(skipped)
         sums["train/old_logp_source"] = float(self.old_logp_source)
