@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from relax_core.batch import Batch, Fields
+from relax_core.batch import TOP_K_HEAD, Batch, Fields
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -251,8 +251,22 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
-    return_top_k: int = 0  # 0 = no top-k head
-    return_routed_experts: bool = False
+    fields: frozenset[str] = frozenset()
+    """Rollout-stage fields asked for beyond those every engine returns: the selected
+    components' ``requires_fields`` of stage ``rollout`` (``top_k_ids`` / ``top_k_log_probs``,
+    ``routed_experts``, a plugin's own)."""
+    top_k_width: int = 0
+    """``k`` of the top-k head, when its fields are asked."""
+
+    @property
+    def return_top_k(self) -> int:
+        """``k`` when the top-k head (``top_k_ids`` / ``top_k_log_probs``) is asked, else 0."""
+        return self.top_k_width if TOP_K_HEAD & self.fields else 0
+
+    @property
+    def return_routed_experts(self) -> bool:
+        """``routed_experts`` is asked."""
+        return "routed_experts" in self.fields
 
 
 class GenerationOutput(Fields):

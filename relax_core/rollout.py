@@ -235,7 +235,7 @@ class Rollout:
         return SamplingParams(temperature=cfg.rollout_temperature, top_p=cfg.rollout_top_p, top_k=cfg.rollout_top_k,
                               max_new_tokens=cfg.rollout_max_response_len,
                               repetition_penalty=cfg.rollout_repetition_penalty, stop=tuple(cfg.rollout_stop),
-                              seed=seed, return_top_k=self.c.top_k, return_routed_experts=self.c.routed_experts)
+                              seed=seed, fields=self.c.rollout_fields, top_k_width=self.c.top_k)
 
     def generate(self, rows: list[dict], indices: list[int], n: int, sampling: SamplingParams,
                  group_offset: int) -> Batch:

@@ -59,8 +59,10 @@ class Components:
     the four lists have one entry per sample (``prompts``: the prompt texts as the engine saw them)."""
     needs_critic: bool = False
     processor_resamples: bool = False
+    rollout_fields: frozenset[str] = frozenset()
+    """The rollout-stage fields the selected components require (asked of the engine)."""
     top_k: int = 0
-    routed_experts: bool = False
+    """Width of the top-k head, when ``rollout_fields`` asks for it."""
     num_critic_only_steps: int = 0
 
 
