@@ -91,8 +91,8 @@ class Trainer:
     Args:
         cfg: the :class:`~relax_core.config.RunConfig`.
         comps: the run's :class:`Components`.
-        source: the rollout source (``next(step)``, ``cursor_state()``, ``exclusive()``,
-            ``close()``), whose ``rollout`` also evaluates.
+        source: the rollout source (``next(step)``, ``evaluate(data, step)``,
+            ``cursor_state()`` and ``load_cursor(state)`` for checkpoints, ``close()``).
         publisher: the :class:`~relax_core.rollout.Publisher`.
         eval_data: the evaluation dataset or ``None``.
         run_dir: the run directory (metrics, samples, checkpoints).
@@ -205,8 +205,7 @@ class Trainer:
         return metrics
 
     def evaluate(self, step: int) -> dict[str, float]:
-        with self.source.exclusive():
-            return self.source.rollout.evaluate(self.eval_data, step)
+        return self.source.evaluate(self.eval_data, step)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -217,7 +216,7 @@ class Trainer:
         s = self.state
         held, weights = self.publisher.state(s.step)
         return ckpt.save_checkpoint(self.ckpt_dir, s.step, self.c.backend, {
-            "step": s.step, "cursor": self.source.cursor_state(), "data": self.source.rollout.data.fingerprint,
+            "step": s.step, **self.source.cursor_state(),
             "consecutive_skipped": s.consecutive_skipped, "skipped_steps": s.skipped_steps, "history": s.history,
             "engine": held}, keep=self.cfg.keep_checkpoints, include_optimizer=include_optimizer, engine_weights=weights)
 
@@ -228,7 +227,7 @@ class Trainer:
         if path is None:
             return False
         ts = ckpt.load_checkpoint(path, self.c.backend)
-        self.source.rollout.cursor.load(ts["cursor"], allow_other_data=self.cfg.resume_allow_data_change)
+        self.source.load_cursor(ts["cursor"], allow_other_data=self.cfg.resume_allow_data_change)
         self.state = LoopState(step=ts["step"], consecutive_skipped=ts["consecutive_skipped"],
                                skipped_steps=ts["skipped_steps"], history=ts["history"])
         rewrite_metrics(self.run_dir, self.state.history)
@@ -289,7 +288,7 @@ class Trainer:
                     self.save()
             self.save(include_optimizer=False)  # a completed run: the optimizer state is not needed
             if cfg.save_hf:
-                final = ckpt.save_final_model(self.run_dir / "final", self.c.backend, self.source.rollout.tokenizer,
+                final = ckpt.save_final_model(self.run_dir / "final", self.c.backend, self.c.engine.tokenizer,
                                               cfg.save_hf_dtype)
                 self.log.message(f"final model (Hugging Face format): {final}")
         finally:
