@@ -100,6 +100,18 @@ def param(
 # --------------------------------------------------------------------------- capabilities
 
 
+@dataclass(frozen=True)
+class GroupAdvantageParams:
+    """The parameter block of the group-mean advantage stage
+    (:func:`relax_core.policy.group_mean_advantages`), declared once and composed by the
+    estimators that use it: ``class MyParams(GroupAdvantageParams)``, or
+    ``params=GroupAdvantageParams`` for an estimator with no other parameter."""
+
+    disable_grpo_std_normalization: bool = param(
+        False, "Dr.GRPO: group advantages R - mean without dividing by the group std.",
+        flag="--disable-grpo-std-normalization")
+
+
 @dataclass(frozen=True, kw_only=True)
 class EstimatorCapabilities:
     """What an advantage estimator supports and requires.  Conservative defaults."""
