@@ -4,7 +4,8 @@
 
 Prints: generation tokens/s for ``samples`` responses of exactly ``new-tokens`` tokens
 (EOS disabled so every row decodes the full length) and with natural EOS; the seconds of
-one no-grad forward (old log-probs) and of one ``train_step`` (forward + backward + AdamW)
+one no-grad forward (old log-probs) and of one optimizer step (forward + backward + AdamW,
+:func:`relax_core.optimizer.optimizer_step`)
 on ``samples × (prompt + new-tokens)`` tokens, with and without gradient checkpointing.
 """
 
@@ -28,6 +29,7 @@ def main() -> None:
     from relax_core.config import RunConfig
     from relax_core.batch import Batch
     from relax_core.contracts import SamplingParams
+    from relax_core.optimizer import OptimizerSettings, optimizer_step
     from relax_hf.engine import build as build_engine
     from relax_hf.plugin import HFEngineParams
     from relax_torch.backend import build as build_backend
@@ -72,17 +74,17 @@ def main() -> None:
 
     print(f"train batch: {len(prompts)} x ({len(prompts[0])} prompt + {a.new_tokens}) tokens")
     for ckpt in (False, True):
-        be = build_backend(TorchBackendParams(), RunConfig(device=a.device, bf16=a.bf16, lr=1e-6,
-                                                           gradient_checkpointing=ckpt))
+        cfg = RunConfig(device=a.device, bf16=a.bf16, lr=1e-6, gradient_checkpointing=ckpt)
+        be = build_backend(TorchBackendParams(), cfg)
         t0 = time.perf_counter()
         lp = be.forward(batch).log_probs
         t_fwd = time.perf_counter() - t0
         diff = (lp - out.rollout_log_probs)[mask].abs()
         t0 = time.perf_counter()
-        m = be.train_step(batch, loss_fn)
+        m = optimizer_step(be, batch, loss_fn, role="actor", settings=OptimizerSettings.from_config(cfg))
         t_step = time.perf_counter() - t0
-        print(f"grad ckpt {ckpt}: forward (no grad) {t_fwd:.2f} s, train_step {t_step:.2f} s "
-              f"(grad_norm {m['grad_norm']:.3f}); |engine - backend log-prob| mean {diff.mean():.2e} max {diff.max():.2e}")
+        print(f"grad ckpt {ckpt}: forward (no grad) {t_fwd:.2f} s, optimizer step {t_step:.2f} s "
+              f"(grad_norm {m.grad_norm:.3f}); |engine - backend log-prob| mean {diff.mean():.2e} max {diff.max():.2e}")
         del be
 
 

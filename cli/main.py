@@ -106,6 +106,7 @@ def _print_dry_run(cfg, resolved, reg) -> None:
     import json
 
     from relax_core.config import config_to_dict
+    from relax_core.data import data_sources, parse_data
 
     ctx = resolved.context
     chosen = {k: {"name": v.name, "origin": v.origin}
@@ -113,10 +114,11 @@ def _print_dry_run(cfg, resolved, reg) -> None:
     if cfg.reward != "auto":
         r = reg.get("reward", cfg.reward)
         chosen["reward"] = {"name": r.spec.name, "origin": r.origin}
-    scheme = cfg.data.partition(":")[0]
-    for r in reg.components["data_source"].values():
-        if r.spec.scheme == scheme:
-            chosen["data_source"] = {"name": r.spec.name, "origin": r.origin}
+    sources = data_sources(reg)
+    data = parse_data(cfg.data, sources)
+    if data.kind == "source":
+        r = sources[data.scheme]
+        chosen["data_source"] = {"name": r.spec.name, "origin": r.origin}
     out = {
         "valid": True,
         "components": chosen,

@@ -133,6 +133,10 @@ ALWAYS_PROVIDED = frozenset(
     | {"prompt_ids", "response_ids", "loss_mask", "response_lengths", "truncated", "prompts", "responses",
        "log_probs", "entropy"})
 
+#: The engine's top-k head (:class:`~relax_core.contracts.SamplingParams` ``top_k_width``):
+#: asking for either field asks for both.
+TOP_K_HEAD = frozenset({"top_k_ids", "top_k_log_probs"})
+
 
 def declare(field: Field) -> None:
     """Add a plugin's field to the schema (the plugin loader calls it for ``spec.fields``).

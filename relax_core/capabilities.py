@@ -57,6 +57,10 @@ class Capability:
     """``check(ctx, caps) -> violation or None``: the run-config predicate that needs it."""
     fix: str = ""
     matrix: bool = True  # shown as a column of the matrix
+    satisfy: Callable[[Any], dict[str, Any]] | None = None
+    """``satisfy(caps) -> run-config values`` under which :attr:`check` accepts ``caps``
+    (``{}`` when any config does): the contract kit's configuration (``config_for``) is
+    the union of every row's."""
 
 
 def _sync_reasons(cfg: Any) -> list[str]:
@@ -235,11 +239,12 @@ CAPABILITIES: tuple[Capability, ...] = (
                "choose a --train-backend that declares supports_critic (torch)"),
     Capability(E, "min_group_size", "min n", "Smallest --n-samples-per-prompt for which its reward stage is defined (2 or more: a group-relative baseline, which needs samples that differ).",
                _group_problem,
-               "raise --n-samples-per-prompt, and sample with --rollout-temperature > 0 and a --rollout-top-k other than 1"),
+               "raise --n-samples-per-prompt, and sample with --rollout-temperature > 0 and a --rollout-top-k other than 1",
+               satisfy=lambda c: {"n_samples_per_prompt": max(4, c.min_group_size)}),
     Capability(E, "requires_complete_groups", "whole groups", "Every group must hold all its samples (post-processors drop whole groups only)."),
     Capability(E, "requires_normalize_advantages", "needs norm-adv", "Requires --normalize-advantages.",
                lambda ctx, c: "requires --normalize-advantages" if c.requires_normalize_advantages and not ctx.cfg.normalize_advantages else None,
-               "add --normalize-advantages"),
+               "add --normalize-advantages", satisfy=lambda c: {"normalize_advantages": True} if c.requires_normalize_advantages else {}),
     Capability(E, "forbids_normalize_advantages", "no norm-adv", "Refuses --normalize-advantages (re-whitening changes its semantics).",
                lambda ctx, c: "is incompatible with --normalize-advantages: re-whitening after sharding changes its advantages" if c.forbids_normalize_advantages and ctx.cfg.normalize_advantages else None,
                "remove --normalize-advantages"),
@@ -248,7 +253,8 @@ CAPABILITIES: tuple[Capability, ...] = (
                "remove --disable-rewards-normalization"),
     Capability(E, "requires_per_token_loss", "needs per-token loss", "Requires --calculate-per-token-loss (token-mean over the global batch).",
                lambda ctx, c: "requires --calculate-per-token-loss: a per-sample token mean would reweight responses by 1/length" if c.requires_per_token_loss and not ctx.cfg.calculate_per_token_loss else None,
-               "add --calculate-per-token-loss"),
+               "add --calculate-per-token-loss",
+               satisfy=lambda c: {"calculate_per_token_loss": True} if c.requires_per_token_loss else {}),
     Capability(E, "forbids_per_token_loss", "no per-token loss", "Uses a per-sample reduction; refuses --calculate-per-token-loss.",
                lambda ctx, c: "uses a per-sample mean reduction; --calculate-per-token-loss is not supported" if c.forbids_per_token_loss and ctx.cfg.calculate_per_token_loss else None,
                "remove --calculate-per-token-loss"),
@@ -257,13 +263,15 @@ CAPABILITIES: tuple[Capability, ...] = (
                "drop those flags (or set them to their defaults); for a KL penalty without reward-side KL use --use-kl-loss --kl-loss-coef C"),
     Capability(E, "requires_reward_side_kl", "needs reward KL", "Needs --kl-coef > 0 (KL shaped into the reward).",
                lambda ctx, c: "requires --kl-coef > 0 (KL is part of its shaped reward)" if c.requires_reward_side_kl and not ctx.cfg.kl_coef > 0 else None,
-               "set --kl-coef, e.g. --kl-coef 0.01"),
+               "set --kl-coef, e.g. --kl-coef 0.01", satisfy=lambda c: {"kl_coef": 0.01} if c.requires_reward_side_kl else {}),
     Capability(E, "required_kl_loss_type", "KL type", "The KL estimator it requires, when a KL term is active.",
                lambda ctx, c: f"requires --kl-loss-type {c.required_kl_loss_type} (got {ctx.cfg.kl_loss_type})" if c.required_kl_loss_type and _kl_active(ctx.cfg) and ctx.cfg.kl_loss_type != c.required_kl_loss_type else None,
-               "set --kl-loss-type as required"),
+               "set --kl-loss-type as required",
+               satisfy=lambda c: {"kl_loss_type": c.required_kl_loss_type} if c.required_kl_loss_type else {}),
     Capability(E, "requires_kl_loss", "needs KL loss", "Needs --use-kl-loss with --kl-loss-coef > 0.",
                lambda ctx, c: "requires an independent KL penalty: --use-kl-loss and --kl-loss-coef > 0" if c.requires_kl_loss and not (ctx.cfg.use_kl_loss and ctx.cfg.kl_loss_coef > 0) else None,
-               "add --use-kl-loss --kl-loss-coef 0.001"),
+               "add --use-kl-loss --kl-loss-coef 0.001",
+               satisfy=lambda c: {"use_kl_loss": True, "kl_loss_coef": 0.001} if c.requires_kl_loss else {}),
     Capability(E, "forbids_kl_loss", "no KL loss", "Refuses a separate --use-kl-loss.",
                lambda ctx, c: "does not support a separate --use-kl-loss (its KL is in the reward)" if c.forbids_kl_loss and (ctx.cfg.use_kl_loss or ctx.cfg.kl_loss_coef != 0) else None,
                "remove --use-kl-loss / --kl-loss-coef"),

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from relax_core.batch import Batch, Fields
+from relax_core.batch import TOP_K_HEAD, Batch, Fields
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -126,7 +126,7 @@ class ValueLossInput:
     """Input of ``CriticEstimator.value_loss`` for one critic micro-batch.
 
     The critic (a value head on its own copy of the backbone, or ``--critic-load``) is
-    trained by the backend with ``train_step(batch, loss_fn, role="critic")``; ``loss_fn``
+    trained by the core's optimizer step with ``role="critic"``; ``loss_fn``
     builds this from the critic forward and the batch tensors.
 
     Attributes:
@@ -251,8 +251,22 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
-    return_top_k: int = 0  # 0 = no top-k head
-    return_routed_experts: bool = False
+    fields: frozenset[str] = frozenset()
+    """Rollout-stage fields asked for beyond those every engine returns: the selected
+    components' ``requires_fields`` of stage ``rollout`` (``top_k_ids`` / ``top_k_log_probs``,
+    ``routed_experts``, a plugin's own)."""
+    top_k_width: int = 0
+    """``k`` of the top-k head, when its fields are asked."""
+
+    @property
+    def return_top_k(self) -> int:
+        """``k`` when the top-k head (``top_k_ids`` / ``top_k_log_probs``) is asked, else 0."""
+        return self.top_k_width if TOP_K_HEAD & self.fields else 0
+
+    @property
+    def return_routed_experts(self) -> bool:
+        """``routed_experts`` is asked."""
+        return "routed_experts" in self.fields
 
 
 class GenerationOutput(Fields):
@@ -309,14 +323,69 @@ class ForwardOutput:
     values: Tensor | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Gradients:
+    """What ``TrainBackend.accumulate_gradients`` returns (the gradients stay in the backend).
+
+    Attributes:
+        sums: ``loss`` and each metric of ``loss_fn`` summed over the micro-batches (python
+            floats; over the whole batch the call was given).
+        nonfinite: names of the losses and metrics that were not finite on this rank, and
+            ``other_rank`` when only another rank's were (the step is skipped on every rank).
+        micro_batches: micro-batches run.
+    """
+
+    sums: dict[str, float]
+    nonfinite: frozenset[str] = frozenset()
+    micro_batches: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepResult:
+    """One optimizer step of one role (:func:`relax_core.optimizer.optimizer_step`).
+
+    Attributes:
+        sums: as :attr:`Gradients.sums` (``loss``, then the loss function's own metrics,
+            e.g. ``value_loss``).
+        grad_norm: global L2 norm of the gradient over all ranks, before clipping.
+        lr: the learning rate of this step (after warm-up).
+        skipped: the step was not taken (a non-finite loss, metric or gradient norm).
+        micro_batches: micro-batches run.
+        nonfinite: the offenders' names, sorted (``grad_norm`` among them when the norm is).
+    """
+
+    sums: dict[str, float]
+    grad_norm: float
+    lr: float
+    skipped: bool
+    micro_batches: int
+    nonfinite: tuple[str, ...] = ()
+
+
 class TrainBackend(Protocol):
     """What a backend factory returns (``factory(params, config)``).
 
-    The loop calls, per step: ``forward(batch, role="actor"|"ref"|"critic")`` without grad
-    to get old/ref log-probs or values; ``train_step(batch, loss_fn)`` which splits the
-    batch into micro-batches, calls ``loss_fn(micro_batch, forward_output)`` → (scalar
-    loss already scaled by the *global* denominators, metrics), backpropagates, and steps
-    the optimizer once (skipping the step when the loss or gradient is not finite).
+    The backend supplies the model's forwards, backward over micro-batches and its
+    collectives; the core owns the optimizer step itself (non-finite skipping, gradient
+    clipping, learning-rate warm-up: :func:`relax_core.optimizer.optimizer_step`).  Per step
+    the loop calls ``forward(batch, role="actor"|"ref"|"critic")`` without grad to get
+    old/ref log-probs or values, then per optimizer step of a trained role (``actor``, or
+    ``critic`` for estimators with a critic), on every rank:
+
+    1. ``accumulate_gradients(batch, loss_fn, role=...)``: clears the role's gradients,
+       splits the batch into micro-batches, calls ``loss_fn(micro_batch, forward_output)`` →
+       (scalar loss already scaled by the *global* denominators, metrics) and backpropagates
+       each finite loss, then reduces the gradients across ranks (data-parallel sum, and
+       whatever its model parallelism needs) → :class:`Gradients`.
+    2. ``grad_norm(role)``: the global L2 norm of those gradients over all ranks (the same
+       float on every rank).
+    3. unless something was not finite, ``apply_gradients(role, lr=..., grad_scale=...)``:
+       multiply the gradients by ``grad_scale`` (≤ 1, the clip; 1 = leave them), set the
+       learning rate, step the optimizer and count the step;
+    4. ``zero_grad(role)``: release the gradients.
+
+    ``optimizer_steps(role)`` is the number of steps applied so far (restored by
+    :meth:`load_checkpoint`; it drives the warm-up).
 
     Optional, for backends whose ranks split one model (tensor/context/pipeline parallel):
     ``data_parallel() -> (dp_rank, dp_size, dp_group)``, this rank's model replica, the
@@ -329,7 +398,15 @@ class TrainBackend(Protocol):
     def forward(self, batch: Batch, *, role: str = "actor", entropy: bool = False,
                 top_k: bool = False) -> ForwardOutput: ...
 
-    def train_step(self, batch: Batch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]: ...
+    def accumulate_gradients(self, batch: Batch, loss_fn: Any, *, role: str = "actor") -> Gradients: ...
+
+    def grad_norm(self, role: str = "actor") -> float: ...
+
+    def apply_gradients(self, role: str = "actor", *, lr: float, grad_scale: float = 1.0) -> None: ...
+
+    def zero_grad(self, role: str = "actor") -> None: ...
+
+    def optimizer_steps(self, role: str = "actor") -> int: ...
 
     def engine_state_dict(self) -> Any: ...
 

@@ -44,6 +44,45 @@ class DataError(ValueError):
     """A problem with the data given by the user (bad row, missing key, empty set)."""
 
 
+@dataclass(frozen=True)
+class DataRef:
+    """A ``--data`` / ``--eval-data`` value, parsed (:func:`parse_data`).
+
+    Attributes:
+        kind: ``source`` (a registered data source), ``gsm8k`` (a GSM8K file), ``file``, or
+            ``unknown`` (``scheme:`` of no registered source).
+        scheme: the part before the first ``:`` (``""`` for a file).
+        target: what follows ``scheme:`` (a source's spec, a GSM8K path), or the file path.
+    """
+
+    kind: str
+    scheme: str
+    target: str
+
+
+def data_sources(registry: Any) -> dict[str, Any]:
+    """scheme -> the registered data source (``registry.components["data_source"]`` entries)."""
+    if registry is None:
+        return {}
+    return {r.spec.scheme: r for r in registry.components.get("data_source", {}).values()}
+
+
+def parse_data(value: str, schemes: Any) -> DataRef:
+    """The one reading of a ``--data`` value: ``scheme:spec`` when there is a ``:`` whose
+    prefix has no ``/`` and more than one character (not a directory, not a drive letter)
+    and the whole value is not an existing file; else a file path.
+
+    Args:
+        value: the flag's value.
+        schemes: the registered data-source schemes (:func:`data_sources`' keys).
+    """
+    scheme, sep, rest = value.partition(":")
+    if not (sep and "/" not in scheme and len(scheme) > 1 and not Path(value).expanduser().exists()):
+        return DataRef("file", "", value)
+    kind = "gsm8k" if scheme == GSM8K_SCHEME else "source" if scheme in schemes else "unknown"
+    return DataRef(kind, scheme, rest)
+
+
 @dataclass
 class Dataset:
     """Validated rows plus where they came from and how many were skipped."""
@@ -170,24 +209,22 @@ def load_dataset(source: str, cfg: Any, registry: Any = None) -> Dataset:
     Raises:
         DataError: unknown scheme, unreadable file, a bad row (unless skipped), or no rows.
     """
-    scheme, sep, rest = source.partition(":")
-    sources = {}
-    if registry is not None:
-        sources = {r.spec.scheme: r for r in registry.components.get("data_source", {}).values()}
-    if sep and scheme == GSM8K_SCHEME:
-        ds = _from_file(Path(rest).expanduser(), cfg, gsm8k=True)
-    elif sep and scheme in sources:
-        reg = sources[scheme]
+    sources = data_sources(registry)
+    ref = parse_data(source, sources)
+    if ref.kind == "gsm8k":
+        ds = _from_file(Path(ref.target).expanduser(), cfg, gsm8k=True)
+    elif ref.kind == "source":
+        reg = sources[ref.scheme]
         try:
             reader = reg.spec.build(cfg.params_for(reg.spec.name), cfg)
         except Exception as e:  # a broken plugin: name it rather than a traceback
             raise DataError(f"--data {source}: data source '{reg.spec.name}' ({reg.origin}) cannot be built: "
                             f"{type(e).__name__}: {e}") from None
         try:
-            raw_rows = reader(rest, cfg)
+            raw_rows = reader(ref.target, cfg)
         except (ValueError, KeyError) as e:
             raise DataError(f"--data {source}: {e}") from None
-        ds = Dataset(name=rest.split("?")[0] or scheme, rows=[])
+        ds = Dataset(name=ref.target.split("?")[0] or ref.scheme, rows=[])
         for i, raw in enumerate(raw_rows):
             try:
                 row = _row_from_keys(raw, "prompt", "label", "metadata")
@@ -195,9 +232,9 @@ def load_dataset(source: str, cfg: Any, registry: Any = None) -> Dataset:
                 raise DataError(f"{source}: row {i}: {e}") from None
             row["prompt"] += (raw.get("prompt_suffix") or "") if cfg.prompt_suffix is None else cfg.prompt_suffix
             ds.rows.append(row)
-    elif sep and len(scheme) > 1 and not Path(source).expanduser().exists():
+    elif ref.kind == "unknown":
         known = ", ".join(sorted([*sources, GSM8K_SCHEME]))
-        raise DataError(f"--data {source}: unknown data source '{scheme}:' (known: {known}); "
+        raise DataError(f"--data {source}: unknown data source '{ref.scheme}:' (known: {known}); "
                         "is the plugin that provides it installed? (`relax plugins`)")
     else:
         ds = _from_file(Path(source).expanduser(), cfg, gsm8k=False)

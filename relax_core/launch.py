@@ -235,6 +235,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
 
     hf_logging.disable_progress_bar()
 
+    from relax_core.batch import FIELDS
     from relax_core.config import config_to_dict
     from relax_core.rewarding import build_processors
     from relax_core.metrics import git_commit
@@ -258,10 +259,12 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
     processors = build_processors(cfg, reg)
     est_caps = ctx.estimator.caps
     corr_caps = [c.caps for c in ctx.corrections]
+    rollout_fields = frozenset(f for caps in (est_caps, *corr_caps) for f in caps.requires_fields
+                               if f in FIELDS and FIELDS[f].stage == "rollout")
     top_k = max([int(getattr(c, "top_k", 0) or 0) for c in corrections] + [0])
-    if any("top_k_log_probs" in c.requires_fields for c in corr_caps) and top_k == 0:
+    if "top_k_log_probs" in rollout_fields and top_k == 0:
         return _error("a selected correction needs top-k log-probs but does not say how many (its object has no 'top_k')"), None
-    routed = any("routed_experts" in c.requires_fields for c in corr_caps)
+    routed = "routed_experts" in rollout_fields
     critic_settings = getattr(estimator, "critic_settings", None) if est_caps.needs_critic else None
 
     runtime = None
@@ -288,7 +291,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
         score=RewardWatch(make_score(scorer, cfg), scorer, notify=display.message),
         needs_critic=est_caps.needs_critic,
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
-        top_k=top_k, routed_experts=routed,
+        rollout_fields=rollout_fields, top_k=top_k,
         num_critic_only_steps=critic_settings.num_critic_only_steps if critic_settings else 0)
     trainer = build_trainer(cfg, comps, train_data, eval_data, run_dir, est_caps.policy_loss_kind, config_dict)
     info = {

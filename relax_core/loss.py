@@ -234,7 +234,7 @@ def _terms_fn(estimator: Any, corrections: list[Any], s: LossSettings, process_g
 
 class ActorLoss(_LossMetrics):
     """``loss_fn(micro_batch, forward_output) -> (loss, metrics)`` for the actor's
-    ``train_step`` over one global batch.
+    optimizer step over one global batch (:func:`relax_core.optimizer.optimizer_step`).
 
     Args:
         estimator: the estimator object (``policy_loss``).
@@ -297,7 +297,7 @@ class ActorLoss(_LossMetrics):
 
 
 class CriticLoss(_LossMetrics):
-    """``loss_fn`` for the critic's ``train_step``: the estimator's ``value_loss`` reduced
+    """``loss_fn`` for the critic's optimizer step: the estimator's ``value_loss`` reduced
     with the run's reduction and global denominators (PPO value clipping lives in the
     estimator).  Micro-batch tensors: ``values`` (old, ``[b, T]``), ``returns``."""
 

@@ -235,7 +235,7 @@ class Rollout:
         return SamplingParams(temperature=cfg.rollout_temperature, top_p=cfg.rollout_top_p, top_k=cfg.rollout_top_k,
                               max_new_tokens=cfg.rollout_max_response_len,
                               repetition_penalty=cfg.rollout_repetition_penalty, stop=tuple(cfg.rollout_stop),
-                              seed=seed, return_top_k=self.c.top_k, return_routed_experts=self.c.routed_experts)
+                              seed=seed, fields=self.c.rollout_fields, top_k_width=self.c.top_k)
 
     def generate(self, rows: list[dict], indices: list[int], n: int, sampling: SamplingParams,
                  group_offset: int) -> Batch:
@@ -348,12 +348,24 @@ class SyncSource:
         return self.rollout.produce(step)
 
     def cursor_state(self) -> dict:
-        """The data cursor after the last batch handed to the trainer."""
-        return self.rollout.cursor.state()
+        """What a checkpoint saves of the rollout side: the data cursor after the last batch
+        handed to the trainer (``cursor``) and the data's fingerprint (``data``,
+        :func:`relax_core.data.data_fingerprint`)."""
+        return {"cursor": self.rollout.cursor.state(), "data": self.rollout.data.fingerprint}
+
+    def load_cursor(self, state: dict, *, allow_other_data: bool = False) -> None:
+        """Restore the data cursor from :meth:`cursor_state`'s ``cursor`` (see
+        :meth:`relax_core.data.DataCursor.load`)."""
+        self.rollout.cursor.load(state, allow_other_data=allow_other_data)
 
     def exclusive(self) -> contextlib.AbstractContextManager:
         """Hold the engine for another use (evaluation)."""
         return contextlib.nullcontext()
+
+    def evaluate(self, eval_data: Dataset, step: int) -> dict[str, float]:
+        """:meth:`Rollout.evaluate` while holding the engine (:meth:`exclusive`)."""
+        with self.exclusive():
+            return self.rollout.evaluate(eval_data, step)
 
     def close(self) -> None:
         pass
@@ -366,14 +378,13 @@ class AsyncSource(SyncSource):
     def __init__(self, rollout: Rollout, max_staleness: int):
         super().__init__(rollout)
         self.s = max_staleness
-        self.publisher = rollout.publisher
         self._buffer: queue.Queue = queue.Queue(maxsize=max_staleness + 1)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._trained_cursor: dict | None = None
 
     def _produce_loop(self, first: int, last: int) -> None:
-        pub = self.publisher
+        pub = self.rollout.publisher
         try:
             for j in range(first, last + 1):
                 t0 = time.monotonic()
@@ -420,18 +431,21 @@ class AsyncSource(SyncSource):
         return batch, metrics
 
     def cursor_state(self) -> dict:
-        return self._trained_cursor if self._trained_cursor is not None else self.rollout.cursor.state()
+        """As :meth:`SyncSource.cursor_state`, at the last batch trained (the thread may
+        have read further)."""
+        return {**super().cursor_state(), **({} if self._trained_cursor is None else {"cursor": self._trained_cursor})}
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
-        with self.publisher.lock:
-            self.publisher.push_posted()
+        pub = self.rollout.publisher
+        with pub.lock:
+            pub.push_posted()
             yield
 
     def close(self) -> None:
         self._stop.set()
-        with self.publisher.cond:
-            self.publisher.cond.notify_all()
+        with self.rollout.publisher.cond:
+            self.rollout.publisher.cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=600)
             self._thread = None

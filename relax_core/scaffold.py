@@ -372,8 +372,11 @@ def build(params, config) -> Engine:
 """$docsummary
 
 TODO: wrap your training library.  Implement the ``TrainBackend`` protocol of
-``relax_core.contracts`` (``forward``, ``train_step``, ``engine_state_dict``,
-``save_checkpoint``/``load_checkpoint``, ``save_hf``).
+``relax_core.contracts``: ``forward``; the gradient half of an optimizer step
+(``accumulate_gradients``, ``grad_norm``, ``apply_gradients``, ``zero_grad``,
+``optimizer_steps``: the core decides skipping, clipping and the learning rate,
+``relax_core.optimizer``); ``engine_state_dict``, ``save_checkpoint``/``load_checkpoint``,
+``save_hf``.
 """
 
 from __future__ import annotations
@@ -383,8 +386,20 @@ class Backend:
     def forward(self, batch, *, role="actor", entropy=False, top_k=False):
         raise NotImplementedError("TODO")
 
-    def train_step(self, batch, loss_fn, *, role="actor"):
+    def accumulate_gradients(self, batch, loss_fn, *, role="actor"):
+        raise NotImplementedError("TODO: forward/backward per micro-batch -> relax_core.contracts.Gradients")
+
+    def grad_norm(self, role="actor"):
+        raise NotImplementedError("TODO: the global L2 norm of the gradients")
+
+    def apply_gradients(self, role="actor", *, lr, grad_scale=1.0):
+        raise NotImplementedError("TODO: scale the gradients, step the optimizer at lr")
+
+    def zero_grad(self, role="actor"):
         raise NotImplementedError("TODO")
+
+    def optimizer_steps(self, role="actor"):
+        raise NotImplementedError("TODO: steps applied so far")
 
 
 def build(params, config) -> Backend:

@@ -26,23 +26,33 @@ from typing import Any, Callable, ClassVar, Literal
 #: ``rollout_log_probs`` and ``responses`` (were ``log_probs`` and ``texts``), backends take
 #: a ``Batch`` (was ``TrainBatch`` with a ``tensors`` dict), specs may declare ``fields``,
 #: ``provides`` and ``requires``.
-API_VERSION = 2
-SUPPORTED_API_VERSIONS = frozenset({1, 2})
-#: kinds whose contract changed in version 2; their version-1 plugins are refused
-CHANGED_IN_2 = {"engine": "GenerationOutput must hold loss_mask, and log_probs/texts are now rollout_log_probs/"
-                          "responses", "backend": "the training batch is relax_core.batch.Batch (TrainBatch and its "
-                                                  "tensors dict are gone: read batch.<field>)"}
+#: 3: one optimizer step (:mod:`relax_core.optimizer`): backends give
+#: ``accumulate_gradients``, ``grad_norm``, ``apply_gradients``, ``zero_grad`` and
+#: ``optimizer_steps`` instead of ``train_step``.
+API_VERSION = 3
+SUPPORTED_API_VERSIONS = frozenset({1, 2, 3})
+#: version -> the kinds whose contract changed in it (and how); their plugins written for an
+#: earlier version are refused
+CHANGED_IN = {
+    2: {"engine": "GenerationOutput must hold loss_mask, and log_probs/texts are now rollout_log_probs/responses",
+        "backend": "the training batch is relax_core.batch.Batch (TrainBatch and its tensors dict are gone: read "
+                   "batch.<field>)"},
+    3: {"backend": "the core owns the optimizer step (relax_core.optimizer): train_step is gone, a backend gives "
+                   "accumulate_gradients, grad_norm, apply_gradients, zero_grad and optimizer_steps"},
+}
 
 
 def api_version_problem(kind: str, version: int) -> str | None:
     """Why a spec of ``kind`` written for plugin API ``version`` cannot load, or ``None``.
-    Version 1 estimators, corrections, scorers, post-processors and data sources still
-    load: the inputs they read kept their attribute names."""
+    Estimators, corrections, scorers, post-processors and data sources of every supported
+    version still load (the inputs they read kept their attribute names); engines need 2,
+    backends 3."""
     if version not in SUPPORTED_API_VERSIONS:
         return f"this relax-core supports {sorted(SUPPORTED_API_VERSIONS)}"
-    if version == 1 and kind in CHANGED_IN_2:
-        return (f"api_version 1 {kind}s no longer load: since api_version 2 {CHANGED_IN_2[kind]} "
-                "(docs/guide/writing-plugins.md)")
+    changes = [(v, CHANGED_IN[v][kind]) for v in sorted(CHANGED_IN) if v > version and kind in CHANGED_IN[v]]
+    if changes:
+        return (f"api_version {version} {kind}s no longer load: "
+                + "; ".join(f"since api_version {v} {why}" for v, why in changes) + " (docs/guide/writing-plugins.md)")
     return None
 
 _MISSING = dataclasses.MISSING
@@ -88,6 +98,18 @@ def param(
 
 
 # --------------------------------------------------------------------------- capabilities
+
+
+@dataclass(frozen=True)
+class GroupAdvantageParams:
+    """The parameter block of the group-mean advantage stage
+    (:func:`relax_core.policy.group_mean_advantages`), declared once and composed by the
+    estimators that use it: ``class MyParams(GroupAdvantageParams)``, or
+    ``params=GroupAdvantageParams`` for an estimator with no other parameter."""
+
+    disable_grpo_std_normalization: bool = param(
+        False, "Dr.GRPO: group advantages R - mean without dividing by the group std.",
+        flag="--disable-grpo-std-normalization")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -37,6 +37,7 @@ from relax_core.interrupts import RunAborted
 from relax_core.loss import ActorLoss, CriticLoss, LossSettings, global_denominators
 from relax_core.metrics import MetricsLogger, non_finite, rewrite_metrics
 from relax_core.numerics import masked_normalize
+from relax_core.optimizer import OptimizerSettings, optimizer_step
 from relax_core.rollout import AsyncSource, Publisher, Rollout, SyncSource, sample_records
 
 OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, OLD_LOGP_ROLLOUT = 0, 1, 2
@@ -58,8 +59,10 @@ class Components:
     the four lists have one entry per sample (``prompts``: the prompt texts as the engine saw them)."""
     needs_critic: bool = False
     processor_resamples: bool = False
+    rollout_fields: frozenset[str] = frozenset()
+    """The rollout-stage fields the selected components require (asked of the engine)."""
     top_k: int = 0
-    routed_experts: bool = False
+    """Width of the top-k head, when ``rollout_fields`` asks for it."""
     num_critic_only_steps: int = 0
 
 
@@ -88,8 +91,8 @@ class Trainer:
     Args:
         cfg: the :class:`~relax_core.config.RunConfig`.
         comps: the run's :class:`Components`.
-        source: the rollout source (``next(step)``, ``cursor_state()``, ``exclusive()``,
-            ``close()``), whose ``rollout`` also evaluates.
+        source: the rollout source (``next(step)``, ``evaluate(data, step)``,
+            ``cursor_state()`` and ``load_cursor(state)`` for checkpoints, ``close()``).
         publisher: the :class:`~relax_core.rollout.Publisher`.
         eval_data: the evaluation dataset or ``None``.
         run_dir: the run directory (metrics, samples, checkpoints).
@@ -107,6 +110,7 @@ class Trainer:
         self.ckpt_dir = Path(cfg.save) if cfg.save else self.run_dir / "checkpoints"
         self.config_dict = config_dict
         self.loss_settings = LossSettings.from_config(cfg, policy_loss_kind)
+        self.optim_settings = OptimizerSettings.from_config(cfg, getattr(comps.estimator, "critic_settings", None))
         self.state = LoopState()
         self.old_logp_source = old_logp_source(cfg, comps.needs_critic)
         self._interrupted = False
@@ -158,20 +162,16 @@ class Trainer:
             tokens, samples = global_denominators(part.loss_mask)
             if self.c.needs_critic:
                 closs = CriticLoss(self.c.estimator, self.loss_settings, num_tokens=tokens, num_samples=samples)
-                cm = be.train_step(part, closs, role="critic")
-                add({**closs.metrics(), "train/critic_grad_norm": float(cm.get("grad_norm", math.nan))})
+                cr = optimizer_step(be, part, closs, role="critic", settings=self.optim_settings)
+                add({**closs.metrics(), "train/critic_grad_norm": cr.grad_norm})
             if step <= self.c.num_critic_only_steps:
                 continue
             aloss = ActorLoss(self.c.estimator, self.c.corrections, self.loss_settings, num_tokens=tokens,
                               num_samples=samples, old_from_current=self.old_logp_source == OLD_LOGP_CURRENT)
-            bm = be.train_step(part, aloss, role="actor")
-            m = aloss.metrics()
-            m["train/grad_norm"] = float(bm.get("grad_norm", math.nan))
-            if "lr" in bm:
-                m["train/lr"] = float(bm["lr"])
-            m.update({f"train/{k}": v for k, v in bm.items() if k.startswith("nonfinite/")})  # the offenders
-            if bm.get("skipped") or not math.isfinite(m.get("train/loss", math.nan)) or not math.isfinite(m["train/grad_norm"]):
-                skipped += 1
+            r = optimizer_step(be, part, aloss, role="actor", settings=self.optim_settings)
+            m = {**aloss.metrics(), "train/grad_norm": r.grad_norm, "train/lr": r.lr}
+            m.update({f"train/nonfinite/{k}": 1.0 for k in r.nonfinite})  # the offenders
+            skipped += r.skipped
             add(m)
         sums["train/skipped_steps"] = float(skipped)
         sums["train/old_logp_source"] = float(self.old_logp_source)
@@ -205,8 +205,7 @@ class Trainer:
         return metrics
 
     def evaluate(self, step: int) -> dict[str, float]:
-        with self.source.exclusive():
-            return self.source.rollout.evaluate(self.eval_data, step)
+        return self.source.evaluate(self.eval_data, step)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -217,7 +216,7 @@ class Trainer:
         s = self.state
         held, weights = self.publisher.state(s.step)
         return ckpt.save_checkpoint(self.ckpt_dir, s.step, self.c.backend, {
-            "step": s.step, "cursor": self.source.cursor_state(), "data": self.source.rollout.data.fingerprint,
+            "step": s.step, **self.source.cursor_state(),
             "consecutive_skipped": s.consecutive_skipped, "skipped_steps": s.skipped_steps, "history": s.history,
             "engine": held}, keep=self.cfg.keep_checkpoints, include_optimizer=include_optimizer, engine_weights=weights)
 
@@ -228,7 +227,7 @@ class Trainer:
         if path is None:
             return False
         ts = ckpt.load_checkpoint(path, self.c.backend)
-        self.source.rollout.cursor.load(ts["cursor"], allow_other_data=self.cfg.resume_allow_data_change)
+        self.source.load_cursor(ts["cursor"], allow_other_data=self.cfg.resume_allow_data_change)
         self.state = LoopState(step=ts["step"], consecutive_skipped=ts["consecutive_skipped"],
                                skipped_steps=ts["skipped_steps"], history=ts["history"])
         rewrite_metrics(self.run_dir, self.state.history)
@@ -289,7 +288,7 @@ class Trainer:
                     self.save()
             self.save(include_optimizer=False)  # a completed run: the optimizer state is not needed
             if cfg.save_hf:
-                final = ckpt.save_final_model(self.run_dir / "final", self.c.backend, self.source.rollout.tokenizer,
+                final = ckpt.save_final_model(self.run_dir / "final", self.c.backend, self.c.engine.tokenizer,
                                               cfg.save_hf_dtype)
                 self.log.message(f"final model (Hugging Face format): {final}")
         finally:

@@ -15,6 +15,7 @@ from typing import Any
 
 from relax_core.capabilities import CAPABILITIES, Context, Selected
 from relax_core.config import DEFAULT_MODEL, RunConfig, check_bounds, config_fields, value_problems
+from relax_core.data import GSM8K_SCHEME, data_sources, parse_data
 from relax_core.plugins import PluginError, Registry
 
 
@@ -145,23 +146,19 @@ def _data_problems(cfg: RunConfig, reg: Registry) -> list[Problem]:
     """``--data`` / ``--eval-data``: a registered ``scheme:spec``, ``gsm8k:<path>`` or an
     existing file."""
     out = []
-    schemes = {r.spec.scheme for r in reg.components["data_source"].values()}
+    schemes = data_sources(reg)
     for flag, val in (("--data", cfg.data), ("--eval-data", cfg.eval_source)):
         if not val:
             continue
-        scheme, sep, rest = val.partition(":")
-        path = val
-        if sep and "/" not in scheme and len(scheme) > 1:  # scheme:spec (not a path, not a drive letter)
-            if scheme in schemes:
-                continue
-            if scheme != "gsm8k":
-                known = ", ".join(f"{s}:" for s in sorted(schemes | {"gsm8k"}))
-                out.append(Problem("config", flag, f"unknown data source scheme '{scheme}:' in {val}",
-                                   f"use one of {known}, or a file path (`relax plugins` lists data sources)"))
-                continue
-            path = rest
-        if not Path(path).expanduser().exists():
-            out.append(Problem("config", flag, f"data file {path} not found",
+        ref = parse_data(val, schemes)
+        if ref.kind == "source":
+            continue
+        if ref.kind == "unknown":
+            known = ", ".join(f"{s}:" for s in sorted({*schemes, GSM8K_SCHEME}))
+            out.append(Problem("config", flag, f"unknown data source scheme '{ref.scheme}:' in {val}",
+                               f"use one of {known}, or a file path (`relax plugins` lists data sources)"))
+        elif not Path(ref.target).expanduser().exists():
+            out.append(Problem("config", flag, f"data file {ref.target} not found",
                                "give an existing JSONL/JSON/Parquet file, gsm8k:<file> or rg:<dataset>"))
     return out
 

@@ -76,3 +76,17 @@ def test_near_equal_group_is_zero_by_tolerance(baseline, std):
     assert (out.advantages[:3] == 0).all() and (out.advantages[3:] != 0).all()
     assert out.advantages.dtype == torch.float32
     assert out.group_no_signal.tolist() == [True, False]
+
+
+def test_the_group_advantage_block_is_declared_once_and_composed():
+    import dataclasses
+
+    from relax_core import GroupAdvantageParams
+    from relax_core.plugins import default_registry
+
+    reg = default_registry()
+    block = {f.name: f for f in dataclasses.fields(GroupAdvantageParams)}
+    for name in ("grpo", "gspo", "sapo", "cispo"):
+        schema = reg.get("estimator", name).spec.params
+        assert issubclass(schema, GroupAdvantageParams), name
+        assert {f.name: f for f in dataclasses.fields(schema) if f.name in block} == block, name

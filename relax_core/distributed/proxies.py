@@ -203,10 +203,11 @@ class RayBackend:
     ``dp_rank``).  Every call shards the batch into ``dp_size`` consecutive,
     as-equal-as-possible pieces (``--global-batch-size`` is validated divisible), sends
     piece ``d`` to every rank of replica ``d``, and reads the results of each replica's
-    first rank only (the others compute the same values).  ``train_step`` sends the
-    loss's recipe (settings and the *global* denominators); the backends' gradient
-    all-reduce over the replicas sums the shards' gradients, so the step equals one
-    process on the whole batch.  The loss metrics of the replicas are contributions to
+    first rank only (the others compute the same values).  ``accumulate_gradients`` sends
+    the loss's recipe (settings and the *global* denominators); the backends' gradient
+    all-reduce over the replicas sums the shards' gradients, so the core's optimizer step
+    (:func:`relax_core.optimizer.optimizer_step`, run by the driver over this proxy)
+    equals one process on the whole batch.  The loss metrics of the replicas are contributions to
     global-batch values and are added back into the driver's loss object
     (``add_metrics``), whose ``metrics()`` the trainer reads.
 
@@ -264,27 +265,35 @@ class RayBackend:
         cat = {k: None if outs[0][k] is None else torch.cat([o[k] for o in outs]) for k in outs[0]}
         return ForwardOutput(**cat)
 
-    def train_step(self, batch: Any, loss_fn: Any, *, role: str = "actor") -> dict[str, float]:
-        """One optimizer step on every rank (see the class docstring).  Returns the
-        backend's result for the global batch, from each replica's reporting rank:
-        ``loss`` and loss metrics summed over replicas, ``grad_norm`` / ``lr`` of replica 0
-        (equal on every rank), ``skipped`` and ``nonfinite/*`` if any replica reports them,
-        ``micro_batches`` summed."""
+    def accumulate_gradients(self, batch: Any, loss_fn: Any, *, role: str = "actor") -> Any:
+        """Forward and backward on every rank (see the class docstring) → the global batch's
+        :class:`~relax_core.contracts.Gradients` from each replica's reporting rank: sums
+        added over replicas, non-finite names joined, micro-batches added."""
+        from relax_core.contracts import Gradients
+
         recipe = loss_recipe(loss_fn)
-        outs = self._reporting(self._all([w.train_step.remote(s, recipe, role)
+        outs = self._reporting(self._all([w.accumulate_gradients.remote(s, recipe, role)
                                           for w, s in zip(self.workers, self._shards(batch))]))
-        result: dict[str, float] = {}
-        for res, _ in outs:
-            for k, v in res.items():
-                if k in ("grad_norm", "lr"):
-                    result.setdefault(k, v)
-                elif k == "skipped" or k.startswith("nonfinite/"):
-                    result[k] = max(result.get(k, 0.0), v)
-                else:
-                    result[k] = result.get(k, 0.0) + v
-        for _, metrics in outs:  # the driver's loss object reports the global-batch metrics
-            loss_fn.add_metrics(metrics)
-        return result
+        sums: dict[str, float] = {}
+        for grads, metrics in outs:
+            for k, v in grads.sums.items():
+                sums[k] = sums.get(k, 0.0) + v
+            loss_fn.add_metrics(metrics)  # the driver's loss object reports the global-batch metrics
+        return Gradients(sums=sums, nonfinite=frozenset().union(*(g.nonfinite for g, _ in outs)),
+                         micro_batches=sum(g.micro_batches for g, _ in outs))
+
+    def grad_norm(self, role: str = "actor") -> float:
+        """The global gradient norm (a collective on every rank; equal on all, rank 0's read)."""
+        return self._all([w.grad_norm.remote(role) for w in self.workers])[0]
+
+    def apply_gradients(self, role: str = "actor", *, lr: float, grad_scale: float = 1.0) -> None:
+        self._all([w.apply_gradients.remote(role, lr, grad_scale) for w in self.workers])
+
+    def zero_grad(self, role: str = "actor") -> None:
+        self._all([w.zero_grad.remote(role) for w in self.workers])
+
+    def optimizer_steps(self, role: str = "actor") -> int:
+        return self._all([self.workers[0].optimizer_steps.remote(role)])[0]
 
     def _replica0(self) -> list[Any]:
         """The ranks of replica 0, its reporting rank first (they call collectives together)."""

@@ -231,12 +231,25 @@ class TrainWorker:
         out = self.backend.forward(Batch.from_dict(batch), role=role, entropy=entropy, top_k=top_k)
         return {f.name: getattr(out, f.name) for f in fields(out)}
 
-    def train_step(self, batch: dict, recipe: dict, role: str) -> tuple[dict, dict]:
-        """One optimizer step on this rank's shard → (the backend's result, the loss's
-        global-batch metric *contributions* of this shard)."""
+    def accumulate_gradients(self, batch: dict, recipe: dict, role: str) -> tuple[Any, dict]:
+        """Forward and backward of this rank's shard (the backend all-reduces the gradients)
+        → (the backend's :class:`~relax_core.contracts.Gradients`, the loss's global-batch
+        metric *contributions* of this shard)."""
         loss_fn = self._loss(recipe)
-        result = self.backend.train_step(Batch.from_dict(batch), loss_fn, role=role)
-        return result, loss_fn.metrics()
+        grads = self.backend.accumulate_gradients(Batch.from_dict(batch), loss_fn, role=role)
+        return grads, loss_fn.metrics()
+
+    def grad_norm(self, role: str) -> float:
+        return self.backend.grad_norm(role)
+
+    def apply_gradients(self, role: str, lr: float, grad_scale: float) -> None:
+        self.backend.apply_gradients(role, lr=lr, grad_scale=grad_scale)
+
+    def zero_grad(self, role: str) -> None:
+        self.backend.zero_grad(role)
+
+    def optimizer_steps(self, role: str) -> int:
+        return self.backend.optimizer_steps(role)
 
     def gradients(self, batch: dict, recipe: dict, role: str = "actor") -> tuple[dict, dict, dict]:
         """Forward and backward without an optimizer step (the data-parallel check):
@@ -246,8 +259,8 @@ class TrainWorker:
         acc = self.backend.accumulate_gradients(Batch.from_dict(batch), loss_fn, role=role)
         model = self.backend.models[role]
         grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
-        model.zero_grad(set_to_none=True)
-        return acc["sums"], grads, loss_fn.metrics()
+        self.backend.zero_grad(role)
+        return acc.sums, grads, loss_fn.metrics()
 
     def compute_advantages(self, inp: dict) -> dict:
         """The estimator's ``compute_advantages`` on this rank's shard with the data-parallel

@@ -20,9 +20,11 @@ What is checked (each failure is collected; one ``AssertionError`` lists them al
   its factory resolves to a callable, its parameter schema is a frozen dataclass whose
   every field has a default and ``help`` and whose defaults (and the ``params`` given)
   pass the declared bounds, its capabilities are an instance of the kind's capability
-  type and are not contradictory (``requires_x`` with ``forbids_x``...);
+  type;
 - estimators: built with a :class:`~relax_core.config.RunConfig` that satisfies its
-  declared capabilities (which the validator must accept), ``compute_advantages`` and
+  declared capabilities (each capability-table row's ``satisfy`` values), which the
+  validator must accept (so contradictory declarations, ``requires_x`` with
+  ``forbids_x`` or ``sync_only`` with ``supports_fully_async``, fail), ``compute_advantages`` and
   ``policy_loss`` run on a synthetic batch (groups by ``group_index`` in shuffled order,
   uneven lengths, an empty response, an all-equal group, an unscored reward, NaN and
   1e9 garbage in the masked slots of every token input): outputs have the documented

@@ -19,14 +19,6 @@ from relax_core.specs import ComponentSpec, EstimatorCapabilities, _resolve, api
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _FLAG_RE = re.compile(r"^--[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 
-#: ``requires_x`` / ``forbids_x`` pairs that contradict each other when both are set.
-_CONTRADICTIONS = (
-    ("requires_normalize_advantages", "forbids_normalize_advantages"),
-    ("requires_per_token_loss", "forbids_per_token_loss"),
-    ("requires_kl_loss", "forbids_kl_loss"),
-    ("sync_only", "supports_fully_async"),
-)
-
 
 def require(condition: Any, message: str) -> None:
     """``assert`` that keeps its message as written (pytest rewrites plain ``assert`` in
@@ -170,8 +162,6 @@ def _check_capabilities(spec: ComponentSpec, params: Any) -> Any:
         return None
     caps = spec.capabilities_for(params)
     require(type(caps) is want, f"capabilities_for(params) must return a {want.__name__}, got {type(caps).__name__}")
-    both = [f"{a} and {b}" for a, b in _CONTRADICTIONS if getattr(caps, a, False) and getattr(caps, b, False)]
-    require(not both, "contradictory capabilities: " + ", ".join(both))
     devices = getattr(caps, "devices", None)
     if devices is not None:
         require(isinstance(devices, frozenset) and devices and devices <= {"cpu", "cuda"},
@@ -194,27 +184,16 @@ def _check_capabilities(spec: ComponentSpec, params: Any) -> Any:
 
 
 def config_for(spec: ComponentSpec, params: Any = None, **overrides: Any) -> RunConfig:
-    """A small :class:`RunConfig` that satisfies an estimator's declared requirements
-    (group size, per-token loss, KL terms, normalisation), with ``params`` as its
-    parameters and ``overrides`` applied last."""
+    """A small :class:`RunConfig` that satisfies an estimator's declared requirements: the
+    values each row of the capability table gives for them (``Capability.satisfy``: group
+    size, per-token loss, KL terms, normalisation), with ``params`` as its parameters and
+    ``overrides`` applied last."""
     values: dict[str, Any] = {"rollout_batch_size": 3, "n_samples_per_prompt": 4, "rollout_max_response_len": 8}
     caps = spec.capabilities_for(params) if spec.kind == "estimator" else None
-    devices = getattr(caps, "devices", None)
-    if devices is not None:
-        require(isinstance(devices, frozenset) and devices and devices <= {"cpu", "cuda"},
-                f"devices must be a non-empty frozenset of 'cpu'/'cuda', got {devices!r}")
     if isinstance(caps, EstimatorCapabilities):
-        values["n_samples_per_prompt"] = max(4, caps.min_group_size)
-        if caps.requires_per_token_loss:
-            values["calculate_per_token_loss"] = True
-        if caps.requires_normalize_advantages:
-            values["normalize_advantages"] = True
-        if caps.requires_reward_side_kl:
-            values["kl_coef"] = 0.01
-        if caps.requires_kl_loss:
-            values.update(use_kl_loss=True, kl_loss_coef=0.001)
-        if caps.required_kl_loss_type and (caps.requires_kl_loss or caps.requires_reward_side_kl):
-            values["kl_loss_type"] = caps.required_kl_loss_type
+        for cap in CAPABILITIES:
+            if cap.kind == "estimator" and cap.satisfy is not None:
+                values.update(cap.satisfy(caps))
     values.update(overrides)
     pp = {spec.name: params if params is not None else spec.default_params()} if spec.params is not None else {}
     return RunConfig(**values, plugin_params=pp)

@@ -68,7 +68,10 @@ def test_sync_only_and_contradictions():
     sync = dataclasses.replace(CAPS, sync_only=True, supports_fully_async=False)
     check_contract(toy(caps=sync), distributed=False)  # refused in async mode, as declared
     msg = failures(toy(caps=dataclasses.replace(CAPS, sync_only=True)), distributed=False)
-    assert "contradictory capabilities: sync_only and supports_fully_async" in msg
+    assert "declares supports_fully_async but is refused in async mode" in msg
+    msg = failures(toy(caps=dataclasses.replace(CAPS, requires_per_token_loss=True, forbids_per_token_loss=True)),
+                   distributed=False)
+    assert "validator accepts a config meeting the declared requirements: [forbids_per_token_loss]" in msg
 
 
 def test_capabilities_must_be_declared_and_typed():

@@ -174,3 +174,18 @@ def test_data_fingerprint_changes_with_the_rows_not_the_path(tmp_path):
     assert "same row count (2) but other rows" in fingerprint_change(fa, fb)
     c = _write(tmp_path / "c.jsonl", [{"prompt": "p1", "label": "1"}])
     assert fingerprint_change(fa, load_dataset(str(c), RunConfig()).fingerprint).startswith("2 rows in the checkpoint")
+
+
+def test_one_reading_of_a_data_value(tmp_path, monkeypatch):
+    from relax_core.data import DataRef, parse_data
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ab:c.jsonl").write_text("{}\n")  # an existing file whose name has a colon stays a file
+    for value, want in (("rg:chain_sum?size=4", DataRef("source", "rg", "chain_sum?size=4")),
+                        ("gsm8k:/d/x.jsonl", DataRef("gsm8k", "gsm8k", "/d/x.jsonl")),
+                        ("hf:gsm8k", DataRef("unknown", "hf", "gsm8k")),
+                        ("C:\\data\\x.jsonl", DataRef("file", "", "C:\\data\\x.jsonl")),
+                        ("./runs:1/x.jsonl", DataRef("file", "", "./runs:1/x.jsonl")),
+                        ("ab:c.jsonl", DataRef("file", "", "ab:c.jsonl")),
+                        ("ab:d.jsonl", DataRef("unknown", "ab", "d.jsonl"))):
+        assert parse_data(value, {"rg"}) == want, value

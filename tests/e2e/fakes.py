@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from relax_core.batch import Batch, length_mask
-from relax_core.contracts import ForwardOutput, GenerationOutput, SamplingParams
+from relax_core.contracts import ForwardOutput, GenerationOutput, Gradients, SamplingParams
+from relax_core.optimizer import step_torch_optimizer
 
 V = 16
 EOS = 0
@@ -93,14 +94,15 @@ class FakeEngine:
 class FakeBackend:
     """Trains a :class:`Bigram`; ``nan_steps`` makes those optimizer steps' loss NaN."""
 
-    def __init__(self, model: Bigram, lr: float = 0.5, micro_batch_size: int = 2, nan_steps: tuple[int, ...] = ()) -> None:
+    def __init__(self, model: Bigram, micro_batch_size: int = 2, nan_steps: tuple[int, ...] = ()) -> None:
         self.model = model
         self.ref = Bigram()
         self.ref.load_state_dict(model.state_dict())
-        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+        self.opt = torch.optim.AdamW(model.parameters(), weight_decay=0.0)  # the core sets each step's lr
         self.mbs = micro_batch_size
         self.nan_steps = set(nan_steps)
         self.calls = 0
+        self.steps = 0
 
     def setup(self, **kw: Any) -> None:
         self.setup_args = kw
@@ -116,7 +118,7 @@ class FakeBackend:
         with torch.no_grad():
             return self._forward(self.ref if role == "ref" else self.model, batch)
 
-    def train_step(self, batch: Batch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]:
+    def accumulate_gradients(self, batch: Batch, loss_fn: Any, *, role: str = "actor") -> Gradients:
         self.calls += 1
         self.opt.zero_grad()
         total = 0.0
@@ -127,11 +129,21 @@ class FakeBackend:
                 loss = loss * math.nan
             loss.backward()
             total += float(loss.detach())
-        gn = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0))
-        skipped = not (math.isfinite(total) and math.isfinite(gn))
-        if not skipped:
-            self.opt.step()
-        return {"grad_norm": gn, "skipped": float(skipped)}
+        return Gradients(sums={"loss": total}, nonfinite=frozenset() if math.isfinite(total) else {"loss"},
+                         micro_batches=-(-batch.size // self.mbs))
+
+    def grad_norm(self, role: str = "actor") -> float:
+        return float(torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None]))
+
+    def apply_gradients(self, role: str = "actor", *, lr: float, grad_scale: float = 1.0) -> None:
+        step_torch_optimizer(self.opt, lr=lr, grad_scale=grad_scale)
+        self.steps += 1
+
+    def zero_grad(self, role: str = "actor") -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def optimizer_steps(self, role: str = "actor") -> int:
+        return self.steps
 
     def engine_state_dict(self) -> Any:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -143,6 +155,7 @@ class FakeBackend:
         save_file({k: v.contiguous() for k, v in self.model.state_dict().items()}, f"{path}/model.safetensors")
         if include_optimizer:
             torch.save(self.opt.state_dict(), f"{path}/optim.pt")
+        Path(f"{path}/steps.json").write_text(json.dumps(self.steps))
 
     def load_checkpoint(self, path: str) -> None:
         from safetensors.torch import load_file
@@ -150,6 +163,7 @@ class FakeBackend:
         self.model.load_state_dict(load_file(f"{path}/model.safetensors"))
         if Path(f"{path}/optim.pt").is_file():
             self.opt.load_state_dict(torch.load(f"{path}/optim.pt", weights_only=True))
+        self.steps = json.loads(Path(f"{path}/steps.json").read_text())
 
     def save_hf(self, path: str) -> None:
         from safetensors.torch import save_file

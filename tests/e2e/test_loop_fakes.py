@@ -341,3 +341,15 @@ def test_normalize_advantages_whitens_with_the_sample_variance(tmp_path):
     out, _ = tr.advantages(batch)
     torch.testing.assert_close(out.advantages[:, 0], torch.tensor([-1.161895, -0.387298, 0.387298, 1.161895]), atol=1e-6, rtol=0)
     assert (out.advantages[:, 1] == 0).all()
+
+
+def test_the_async_source_checkpoints_the_cursor_of_the_last_batch_trained(tmp_path):
+    """With --fully-async the rollout thread reads prompts ahead of training; a checkpoint
+    holds the cursor as of the batch trained (each step takes 2 of the 6 prompts)."""
+    tr, _ = make_trainer(tmp_path, num_rollout=3, fully_async=True, max_staleness=1, save_interval=1,
+                         keep_checkpoints=3)
+    assert tr.run() == EXIT_OK
+    ckpts = tmp_path / "runs" / "r" / "checkpoints"
+    for step in (1, 2, 3):
+        state = json.loads((ckpts / f"step_{step:06d}" / "trainer_state.json").read_text())
+        assert state["cursor"]["position"] == 2 * step and state["data"] == tr.source.rollout.data.fingerprint

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import train_helpers
+from train_helpers import run_train  # noqa: F401  (the suite's runner)
 
 FAULTS = Path(__file__).resolve().parent
 ROOT = FAULTS.parents[1]
@@ -18,25 +20,10 @@ COMPARED = ("rollout/raw_reward", "rollout/response_len/mean", "train/loss", "tr
 
 
 def tiny_args(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
-    """`relax train` flags: tiny model, 2 prompts × 4 samples, 8 new tokens, one reward worker
-    (so that a scorer counting its calls counts every sample of the run, in order)."""
-    return ["--model", str(model), "--data", str(data), "--output-dir", str(out), "--run-name", "run",
-            "--custom-rm-path", "fault_scorers:vowel_fraction", "--rollout-batch-size", "2",
-            "--n-samples-per-prompt", "4", "--global-batch-size", "8", "--rollout-max-response-len", "8",
-            "--num-rollout", "2", "--quiet", "--lr", "1e-2", "--seed", "3", "--reward-num-workers", "1",
-            "--log-samples-per-step", "8", "--no-save-hf", *extra]
-
-
-def run_train(args: list[str]) -> tuple[int, str]:
-    """`relax train ARGS` in this process: (exit code, output)."""
-    from typer.testing import CliRunner
-
-    from cli.main import app
-
-    res = CliRunner().invoke(app, ["train", *args])
-    if res.exception and not isinstance(res.exception, SystemExit):
-        raise res.exception
-    return res.exit_code, res.output
+    """`relax train` flags (:func:`train_helpers.tiny_args`): the fault scorers, ``--lr 1e-2``,
+    every sample logged, no final model."""
+    return train_helpers.tiny_args(model, data, out, "--log-samples-per-step", "8", "--no-save-hf", *extra,
+                                   scorer="fault_scorers:vowel_fraction", lr="1e-2")
 
 
 def relax_subprocess(args: list[str], env: dict[str, str] | None = None,

@@ -3,7 +3,6 @@ session and a tiny prompt file (helpers: relax_ray_helpers)."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -13,8 +12,11 @@ import pytest
 from relax_core.testing.fixtures import tiny_model_dir  # noqa: F401  (session fixture)
 
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:  # relax_ray_helpers, relax_ray_scorers (appended: other dirs' `conftest` stays theirs)
-    sys.path.append(str(HERE))
+for path in (HERE, HERE.parent):  # relax_ray_helpers, relax_ray_scorers, train_helpers (appended: other dirs' `conftest` stays theirs)
+    if str(path) not in sys.path:
+        sys.path.append(str(path))
+
+from train_helpers import prompts_file  # noqa: E402,F401  (fixture)
 
 
 @pytest.fixture(scope="session")
@@ -28,11 +30,3 @@ def ray_local():
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     yield ray
     ray.shutdown()
-
-
-@pytest.fixture(scope="session")
-def prompts_file(tmp_path_factory) -> Path:
-    p = tmp_path_factory.mktemp("data") / "prompts.jsonl"
-    p.write_text("".join(json.dumps({"prompt": f"What is {i} + {i + 1}?", "label": str(2 * i + 1)}) + "\n"
-                         for i in range(8)))
-    return p

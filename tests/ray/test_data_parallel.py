@@ -17,6 +17,7 @@ from relax_core.distributed.proxies import RayBackend, split_even
 from relax_core.distributed.runtime import start_train_group
 from relax_core.distributed.workers import build_component, loss_recipe
 from relax_core.loss import ActorLoss, CriticLoss, LossSettings, global_denominators
+from relax_core.optimizer import OptimizerSettings, optimizer_step
 from relax_core.plugins import default_registry
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
@@ -105,7 +106,7 @@ def test_two_ranks_equal_one_process(name, tiny_model_dir, ray_local, ranks, bat
     for role in roles:
         fn = loss_for(role)
         acc = be.accumulate_gradients(tb, fn, role=role)
-        want[role] = (acc["sums"]["loss"], fn.metrics(),
+        want[role] = (acc.sums["loss"], fn.metrics(),
                       {k: p.grad.clone() for k, p in be.models[role].named_parameters()})
         be.models[role].zero_grad(set_to_none=True)
 
@@ -138,11 +139,12 @@ def test_two_ranks_equal_one_process(name, tiny_model_dir, ray_local, ranks, bat
     # the proxy: one optimizer step through RayBackend equals the local step
     proxy = RayBackend(workers)
     fn_ray, fn_local = loss_for("actor"), loss_for("actor")
-    got = proxy.train_step(tb, fn_ray)
-    exp = be.train_step(tb, fn_local)
-    assert got["loss"] == pytest.approx(exp["loss"], rel=1e-6, abs=1e-9)
-    assert got["grad_norm"] == pytest.approx(exp["grad_norm"], rel=1e-6)
-    assert got["skipped"] == exp["skipped"] == 0.0
+    step_settings = OptimizerSettings.from_config(cfg, getattr(est, "critic_settings", None))
+    got = optimizer_step(proxy, tb, fn_ray, role="actor", settings=step_settings)
+    exp = optimizer_step(be, tb, fn_local, role="actor", settings=step_settings)
+    assert got.sums["loss"] == pytest.approx(exp.sums["loss"], rel=1e-6, abs=1e-9)
+    assert got.grad_norm == pytest.approx(exp.grad_norm, rel=1e-6)
+    assert got.lr == exp.lr and not got.skipped and not exp.skipped
     for k, v in fn_local.metrics().items():
         assert fn_ray.metrics()[k] == pytest.approx(v, rel=1e-6, abs=1e-9), k
     weights = ray.get(proxy.engine_state_dict())

@@ -40,7 +40,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from relax_core.batch import Batch
-from relax_core.contracts import ForwardOutput
+from relax_core.contracts import ForwardOutput, Gradients
+from relax_core.optimizer import step_torch_optimizer
 from relax_megatron import convert
 from relax_megatron.parallel import (allreduce_grads, allreduce_tied_embedding_grads, broadcast_from_last_stage,
                                      cp_positions, group_sum, local_index, padded_length, run_pipeline)
@@ -196,12 +197,13 @@ class MegatronBackend:
             or ``cpu`` (refused on a machine with CUDA).
         bf16: ``--bf16``: bfloat16 autocast in the forward, float32 weights and optimizer
             state, float32 log-softmax (as the torch backend).
-        Other arguments: the run's optimizer and batching flags.
+        lr / weight_decay: AdamW's (the core sets each step's learning rate,
+            :mod:`relax_core.optimizer`).
+        Other arguments: the run's batching flags.
     """
 
     def __init__(self, hf_config: Any, hf_state_dict: dict[str, Tensor], *, tp: int = 1, pp: int = 1, cp: int = 1,
-                 lr: float = 1e-5,
-                 weight_decay: float = 0.0, clip_grad: float = 1.0, warmup_steps: int = 0,
+                 lr: float = 1e-5, weight_decay: float = 0.0,
                  micro_batch_size: int | None = None, seed: int = 1234, bf16: bool = False, temperature: float = 1.0,
                  ref_loader: Any = None, tokenizer_source: str | None = None, device: str = "auto") -> None:
         if device == "cpu" and torch.cuda.is_available():
@@ -229,7 +231,6 @@ class MegatronBackend:
         self.ref_loader = ref_loader
         self.needs_top_k = False
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
-        self.base_lr, self.clip_grad, self.warmup_steps = lr, clip_grad, warmup_steps
         self.micro_batch_size = micro_batch_size
         self.tokenizer_source = tokenizer_source
         self.step = 0
@@ -425,8 +426,8 @@ class MegatronBackend:
             for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
                 g.copy_(synced)
 
-    def _grad_norm(self) -> float:
-        """Global L2 norm of the gradient: TP-sharded parameters summed over the TP group,
+    def grad_norm(self, role: str = "actor") -> float:
+        """Global L2 norm of the actor's gradient: TP-sharded parameters summed over the TP group,
         replicated ones (the RMSNorm weights, identical on every rank once the q/k norm
         gradients are summed) counted once.
 
@@ -435,6 +436,7 @@ class MegatronBackend:
         ``tensor_model_parallel`` attribute on all of them.  With PP the stages' sums are
         added, the last stage's copy of tied embeddings (``shared``) not counted.
         """
+        self._check_role(role)
         sharded = torch.zeros((), dtype=torch.float64, device=self.device)
         replicated = torch.zeros((), dtype=torch.float64, device=self.device)
         for name, p in self.model.named_parameters():
@@ -452,32 +454,29 @@ class MegatronBackend:
             dist.all_reduce(total, group=self.ps.get_pipeline_model_parallel_group())
         return float(total.sqrt())
 
-    def lr(self) -> float:
-        """Learning rate of the next step: linear warm-up ``lr·(s+1)/W`` for ``s < W``, then ``lr``."""
-        w = self.warmup_steps
-        return self.base_lr * (min(1.0, (self.step + 1) / w) if w > 0 else 1.0)
+    def _check_role(self, role: str) -> None:
+        if role != "actor":
+            raise ValueError(f"megatron backend trains only the actor, not {role!r}")
 
-    def train_step(self, batch: Batch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]:
-        """One AdamW step of the actor over ``batch`` (gradient accumulation over micro-batches).
+    def accumulate_gradients(self, batch: Batch, loss_fn: Any, *, role: str = "actor") -> Gradients:
+        """Forward and backward of the actor over ``batch``'s micro-batches (``--micro-batch-size``
+        samples) into cleared gradients, then the gradients' reductions (context-parallel sum,
+        the q/k norms' TP sum, the tied embeddings' PP sum).
 
         ``loss_fn(micro_batch, forward_output) -> (loss, metrics)`` returns the micro-batch's
         loss already scaled by the global denominators, so the accumulated gradient is the
         global batch's.  A micro-batch whose loss is not finite is not backpropagated (with
-        PP megatron's schedule backpropagates it, the step is skipped all the same), and
-        the step is skipped when any loss, metric or the gradient norm is not finite.  With
-        PP ``loss_fn`` runs on the last stage; the others receive its results and metrics
-        (``loss_fn.add_metrics``), so every rank returns the same.
+        PP megatron's schedule backpropagates it; the core skips the step all the same).
+        With PP ``loss_fn`` runs on the last stage; the others receive its results and
+        metrics (``loss_fn.add_metrics``), so every rank returns the same.
 
         Returns:
-            the same keys as the torch backend: ``loss`` and each ``loss_fn`` metric summed
-            over micro-batches, ``grad_norm`` (before clipping), ``lr``, ``skipped`` (0/1),
-            ``micro_batches``, and ``nonfinite/<name>: 1`` for each offender.
+            :class:`~relax_core.contracts.Gradients` (the torch backend's keys).
 
         Raises:
             ValueError: ``role`` is not ``actor``.
         """
-        if role != "actor":
-            raise ValueError(f"megatron backend trains only the actor, not {role!r}")
+        self._check_role(role)
         entropy = bool(getattr(loss_fn, "needs_entropy", True))
         top_k = bool(getattr(loss_fn, "needs_top_k", self.needs_top_k))
         self.optimizer.zero_grad(set_to_none=True)
@@ -514,24 +513,23 @@ class MegatronBackend:
         if self.cp > 1:
             allreduce_grads(self.model.parameters(), self.ps.get_context_parallel_group())
         self._allreduce_qk_layernorm_grads()
-        norm = self._grad_norm()
-        if not math.isfinite(norm):
-            bad.add("grad_norm")
-        lr = self.lr()
-        if not bad:
-            if self.clip_grad > 0 and norm > self.clip_grad:
-                scale = self.clip_grad / (norm + 1e-6)
-                for p in self.model.parameters():
-                    if p.grad is not None:
-                        p.grad.mul_(scale)
-            for g in self.optimizer.param_groups:
-                g["lr"] = lr
-            self.optimizer.step()
-            self.step += 1
+        return Gradients(sums=sums, nonfinite=frozenset(bad), micro_batches=len(mbs))
+
+    def apply_gradients(self, role: str = "actor", *, lr: float, grad_scale: float = 1.0) -> None:
+        """Scale the gradients by ``grad_scale`` (the core's clip), then one AdamW step at ``lr``."""
+        self._check_role(role)
+        step_torch_optimizer(self.optimizer, lr=lr, grad_scale=grad_scale)
+        self.step += 1
+
+    def zero_grad(self, role: str = "actor") -> None:
+        """Release the actor's gradients."""
+        self._check_role(role)
         self.optimizer.zero_grad(set_to_none=True)
-        result = {**sums, "grad_norm": norm, "lr": lr, "skipped": float(bool(bad)), "micro_batches": float(len(mbs))}
-        result.update({f"nonfinite/{k}": 1.0 for k in sorted(bad)})
-        return result
+
+    def optimizer_steps(self, role: str = "actor") -> int:
+        """Steps applied (restored by :meth:`load_checkpoint`)."""
+        self._check_role(role)
+        return self.step
 
     # ------------------------------------------------------------------ weights out
     def _all_shards(self) -> list[dict[str, Tensor]]:
@@ -629,7 +627,7 @@ def build(params: Any, config: Any) -> MegatronBackend:
     return MegatronBackend(
         hf.config, hf.state_dict(), tp=config.tensor_parallel_size, pp=config.pipeline_parallel_size,
         cp=config.context_parallel_size, lr=config.lr,
-        weight_decay=config.weight_decay, clip_grad=config.clip_grad, warmup_steps=config.lr_warmup_steps,
+        weight_decay=config.weight_decay,
         micro_batch_size=config.micro_batch_size, seed=config.seed, bf16=config.bf16,
         temperature=config.rollout_temperature,
         ref_loader=lambda: load_model(config.ref_load or config.model).state_dict(),

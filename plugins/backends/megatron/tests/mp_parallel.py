@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from mp_workers import TEMPERATURE, ToyLoss, tiny_batch, tiny_hf
+from mp_workers import TEMPERATURE, ToyLoss, tiny_batch, tiny_hf, train_step
 
 
 class MetricLoss(ToyLoss):
@@ -46,20 +46,20 @@ def pp_worker(rank: int, world: int, port: int, kind: str, out_path: str) -> Non
 
     hf = tiny_hf(kind)
     batch = tiny_batch()
-    be = MegatronBackend(hf.config, hf.state_dict(), pp=world, lr=1e-3, clip_grad=0.0, micro_batch_size=3,
+    be = MegatronBackend(hf.config, hf.state_dict(), pp=world, micro_batch_size=3,
                          temperature=TEMPERATURE, ref_loader=lambda: tiny_hf(kind).state_dict())
     be.setup(needs_ref=True)
     n = float(batch.loss_mask.sum())
     fwd = be.forward(batch, entropy=True, top_k=True)
     before = be.engine_state_dict()
-    skipped = be.train_step(batch, MetricLoss(n, nan=True))
+    skipped = train_step(be, batch, MetricLoss(n, nan=True))
     unchanged = max((be.engine_state_dict()[k] - before[k]).abs().max().item() for k in before)
     loss = MetricLoss(n)
-    stepped = be.train_step(batch, loss)
+    stepped = train_step(be, batch, loss)
     after = be.engine_state_dict()
     ckpt = out_path + ".ckpt"
     be.save_checkpoint(ckpt)
-    be.train_step(batch, MetricLoss(n))
+    train_step(be, batch, MetricLoss(n))
     moved_again = max((be.engine_state_dict()[k] - after[k]).abs().max().item() for k in after)
     be.load_checkpoint(ckpt)
     restored = max((be.engine_state_dict()[k] - after[k]).abs().max().item() for k in after)
@@ -157,12 +157,12 @@ def cp_backend_worker(rank: int, world: int, port: int, out_path: str) -> None:
 
     backend.context_parallel_problem = lambda cp, cuda: None  # no TE here: the stand-in attends
     backend.MegatronBackend._build = lambda self, sd: FullSequence()
-    be = backend.MegatronBackend(hf.config, hf.state_dict(), cp=world, lr=1e-3, clip_grad=0.0, micro_batch_size=3,
+    be = backend.MegatronBackend(hf.config, hf.state_dict(), cp=world, micro_batch_size=3,
                                  temperature=TEMPERATURE)
     batch = tiny_batch()
     fwd = be.forward(batch, entropy=True, top_k=True)
     loss = SeqLoss(float(batch.loss_mask.sum()))
-    stepped = be.train_step(batch, loss)
+    stepped = train_step(be, batch, loss)
     torch.save({"log_probs": fwd.log_probs, "entropy": fwd.entropy, "top_k": fwd.top_k_log_probs, "stepped": stepped,
                 "metrics": loss.metrics(), "after": {k: v.detach().clone() for k, v in hf.state_dict().items()},
                 "before": tiny_hf("qwen2").state_dict()}, f"{out_path}.rank{rank}")

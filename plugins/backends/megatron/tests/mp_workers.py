@@ -24,6 +24,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def train_step(be, batch, loss_fn) -> dict:
+    """The core's optimizer step of the actor (lr 1e-3, no clipping, no warm-up) as a plain
+    dict (:class:`relax_core.contracts.StepResult`'s fields), for ``torch.save``."""
+    import dataclasses
+
+    from relax_core.optimizer import OptimizerSettings, optimizer_step
+
+    settings = OptimizerSettings(lr=1e-3, critic_lr=1e-3, warmup_steps=0, clip_grad=0.0)
+    return dataclasses.asdict(optimizer_step(be, batch, loss_fn, role="actor", settings=settings))
+
+
 def tiny_hf(kind: str, seed: int = 0):
     """A random tiny HF causal LM (float32, eval), deterministic in ``seed``."""
     from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
@@ -115,15 +126,15 @@ def worker(rank: int, world: int, port: int, kind: str, out_path: str) -> None:
 
     hf = tiny_hf(kind)
     batch = tiny_batch()
-    be = MegatronBackend(hf.config, hf.state_dict(), tp=world, lr=1e-3, clip_grad=0.0, micro_batch_size=2,
+    be = MegatronBackend(hf.config, hf.state_dict(), tp=world, micro_batch_size=2,
                          temperature=TEMPERATURE, ref_loader=lambda: tiny_hf(kind).state_dict())
     be.setup(needs_ref=True)
     fwd = be.forward(batch, entropy=True, top_k=True)
     n = float(batch.loss_mask.sum())
     before = be.engine_state_dict()
-    skipped = be.train_step(batch, ToyLoss(n, nan=True))
+    skipped = train_step(be, batch, ToyLoss(n, nan=True))
     unchanged = max((be.engine_state_dict()[k] - before[k]).abs().max().item() for k in before)
-    stepped = be.train_step(batch, ToyLoss(n))
+    stepped = train_step(be, batch, ToyLoss(n))
     spread = 0.0  # replicated (norm) weights must stay equal on every TP rank
     if world > 1:
         for name, p in be.model.named_parameters():
@@ -134,7 +145,7 @@ def worker(rank: int, world: int, port: int, kind: str, out_path: str) -> None:
     ckpt = out_path + ".ckpt"  # one directory for all TP ranks
     be.save_checkpoint(ckpt)
     saved = be.engine_state_dict()
-    be.train_step(batch, ToyLoss(n))
+    train_step(be, batch, ToyLoss(n))
     moved_again = max((be.engine_state_dict()[k] - saved[k]).abs().max().item() for k in saved)
     be.load_checkpoint(ckpt)
     restored = max((be.engine_state_dict()[k] - saved[k]).abs().max().item() for k in saved)

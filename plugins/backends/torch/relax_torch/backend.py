@@ -14,14 +14,15 @@ Log-probs are taken at the rollout temperature, ``log softmax(z / τ)`` with
 they are comparable with the engine's ``log q``; top-p/top-k truncation is not applied
 (the trainer's policy is the untruncated softmax).  Critic values use no temperature.
 
-Optimisation.  ``train_step`` splits the batch into micro-batches (``--micro-batch-size``
-samples, or packing consecutive samples while ``b × (P + T) <= --max-tokens-per-micro-batch``
-padded tokens), sums ``loss_fn``'s micro-batch losses in backward (they are already scaled by
-the global denominators), all-reduces (sums) gradients over data-parallel ranks when
-``torch.distributed`` is initialised, clips the global gradient norm (``--clip-grad``), and
-steps AdamW (``--lr`` with linear warm-up over ``--lr-warmup-steps`` optimizer steps,
-``--weight-decay``).  A non-finite loss, metric or gradient norm on any rank skips the step
-(``skipped = 1``; ``nonfinite/<name> = 1`` for each offender).  ``--bf16``: bfloat16 autocast
+Optimisation.  :meth:`TorchBackend.accumulate_gradients` splits the batch into micro-batches
+(``--micro-batch-size`` samples, or packing consecutive samples while ``b × (P + T) <=
+--max-tokens-per-micro-batch`` padded tokens), sums ``loss_fn``'s micro-batch losses in
+backward (they are already scaled by the global denominators) and all-reduces (sums)
+gradients over data-parallel ranks when ``torch.distributed`` is initialised; the core's
+optimizer step (:mod:`relax_core.optimizer`: non-finite skipping, ``--clip-grad``,
+``--lr-warmup-steps``) then calls :meth:`~TorchBackend.grad_norm` and
+:meth:`~TorchBackend.apply_gradients`, an AdamW step (``--weight-decay``, ``--adam-beta1``,
+``--adam-beta2``, ``--adam-eps``).  ``--bf16``: bfloat16 autocast
 with float32 master weights and a float32 log-softmax.  ``--gradient-checkpointing``:
 transformers' activation recomputation.  Dropout is disabled in every model (the old,
 rollout and training forwards must be the same function).
@@ -39,8 +40,9 @@ import torch
 from torch import Tensor, nn
 
 from relax_core.batch import Batch
-from relax_core.contracts import ForwardOutput
+from relax_core.contracts import ForwardOutput, Gradients
 from relax_core.models import load_model, load_state_dict_, load_tokenizer
+from relax_core.optimizer import step_torch_optimizer
 from relax_torch.logprobs import token_log_probs
 
 ROLES = ("actor", "ref", "critic")
@@ -79,7 +81,7 @@ class TorchBackend:
     Attributes:
         tokenizer: the model's tokenizer (pad id, ``save_hf``).
         models: role -> module (``actor``: the causal LM; ``critic``: :class:`Critic`).
-        steps: role -> optimizer steps taken (drives the warm-up).
+        steps: role -> optimizer steps applied (:meth:`optimizer_steps`).
     """
 
     def __init__(self, params: Any, config: Any):
@@ -96,8 +98,7 @@ class TorchBackend:
         if config.gradient_checkpointing:
             actor.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.models: dict[str, nn.Module] = {"actor": actor}
-        self.optimizers: dict[str, torch.optim.Optimizer] = {"actor": self._adamw(actor, config.lr)}
-        self.base_lr: dict[str, float] = {"actor": config.lr}
+        self.optimizers: dict[str, torch.optim.Optimizer] = {"actor": self._adamw(actor)}
         self.steps: dict[str, int] = {"actor": 0}
         self.needs_top_k = False
         self.routing_replay = False
@@ -122,9 +123,10 @@ class TorchBackend:
             raise NotImplementedError(f"{type(model).__name__}: logits are not the output embedding of the final "
                                       "hidden states (soft-capping or scaling); the torch backend cannot train it")
 
-    def _adamw(self, model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    def _adamw(self, model: nn.Module) -> torch.optim.Optimizer:
+        """AdamW over the trainable parameters (the core sets each step's learning rate)."""
         p = self.params
-        return torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=lr,
+        return torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=self.cfg.lr,
                                  betas=(p.adam_beta1, p.adam_beta2), eps=p.adam_eps,
                                  weight_decay=self.cfg.weight_decay)
 
@@ -137,9 +139,10 @@ class TorchBackend:
                 from ``--model`` (the initial weights, whatever the actor has become).
             needs_critic: build the critic: ``critic_settings.load`` (a model directory,
                 optionally with ``value_head.safetensors``) or a copy of the initial
-                backbone with a zero value head; learning rate ``critic_settings.lr``
-                (default ``--lr``).
-            needs_top_k: compute log-probs at the batch's ``top_k_ids`` in ``train_step``.
+                backbone with a zero value head (its learning rate, ``critic_settings.lr``,
+                is the core's: :class:`relax_core.optimizer.OptimizerSettings`).
+            needs_top_k: compute log-probs at the batch's ``top_k_ids`` in
+                :meth:`accumulate_gradients`.
             routing_replay: replay the batch's ``routed_experts`` in actor and reference
                 forwards (:mod:`relax_routing_replay.routes`).
         """
@@ -160,10 +163,8 @@ class TorchBackend:
                 load_state_dict_(critic.value_head, load_file(str(head)))
             if self.cfg.gradient_checkpointing:
                 lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            lr = getattr(critic_settings, "lr", None) or self.cfg.lr
             self.models["critic"] = critic
-            self.optimizers["critic"] = self._adamw(critic, lr)
-            self.base_lr["critic"] = lr
+            self.optimizers["critic"] = self._adamw(critic)
             self.steps["critic"] = 0
 
     def _model(self, role: str) -> nn.Module:
@@ -297,15 +298,15 @@ class TorchBackend:
                              top_k_log_probs=cat("top_k_log_probs"), values=cat("values"))
 
     # ------------------------------------------------------------------ training
-    def lr(self, role: str = "actor") -> float:
-        """Learning rate of the next optimizer step: linear warm-up over
-        ``--lr-warmup-steps`` steps (``lr · (s+1)/W`` for step ``s < W``), then constant."""
-        w, s = self.cfg.lr_warmup_steps, self.steps[role]
-        return self.base_lr[role] * (min(1.0, (s + 1) / w) if w > 0 else 1.0)
+    def _optimizer(self, role: str) -> torch.optim.Optimizer:
+        if role not in ("actor", "critic"):
+            raise ValueError(f"train role must be 'actor' or 'critic', got {role!r}")
+        self._model(role)  # raises the right error for a role not built
+        return self.optimizers[role]
 
-    def accumulate_gradients(self, batch: Batch, loss_fn: Any, *, role: str = "actor") -> dict[str, Any]:
-        """Forward and backward of every micro-batch of ``batch``, leaving the summed
-        gradients in ``.grad`` (all-reduced over data-parallel ranks); no optimizer step.
+    def accumulate_gradients(self, batch: Batch, loss_fn: Any, *, role: str = "actor") -> Gradients:
+        """Forward and backward of every micro-batch of ``batch`` into cleared gradients,
+        all-reduced (summed) over data-parallel ranks; no optimizer step.
 
         ``loss_fn(micro_batch, forward_output) -> (loss, metrics)``: ``loss`` is a scalar
         already divided by the global denominators, so backward simply sums the
@@ -320,11 +321,13 @@ class TorchBackend:
         only such a collective loss can still be left waiting there.
 
         Returns:
-            ``{"sums": loss and metrics summed over micro-batches, "bad": names of
-            non-finite values (on any rank: ``other_rank``), "micro_batches": count}``.
+            :class:`~relax_core.contracts.Gradients`: the loss and metrics summed over
+            micro-batches, the non-finite names (on any rank: ``other_rank``), the count.
+
+        Raises:
+            ValueError: ``role`` is not ``actor`` or ``critic``; RuntimeError: not built.
         """
-        if role not in ("actor", "critic"):
-            raise ValueError(f"train role must be 'actor' or 'critic', got {role!r}")
+        self._optimizer(role).zero_grad(set_to_none=True)
         model = self._model(role)
         entropy = bool(getattr(loss_fn, "needs_entropy", True)) and role == "actor"
         top_k = bool(getattr(loss_fn, "needs_top_k", self.needs_top_k)) and role == "actor"
@@ -369,47 +372,32 @@ class TorchBackend:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             if flag.item() and not bad:
                 bad.add("other_rank")
-        return {"sums": sums, "bad": bad, "micro_batches": len(bounds)}
+        return Gradients(sums=sums, nonfinite=frozenset(bad), micro_batches=len(bounds))
 
-    def train_step(self, batch: Batch, loss_fn: Any, *, role: str = "actor") -> dict[str, float]:
-        """One optimizer step of ``role`` (``actor`` or ``critic``) on ``batch``
-        (:meth:`accumulate_gradients`, then clip and AdamW; skipped if anything is non-finite).
+    def grad_norm(self, role: str = "actor") -> float:
+        """Global L2 norm of ``role``'s gradients (equal on every rank after the all-reduce)."""
+        grads = [q.grad for g in self._optimizer(role).param_groups for q in g["params"]]
+        return float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
 
-        Returns:
-            ``loss`` (sum over micro-batches), each ``loss_fn`` metric summed over
-            micro-batches, ``grad_norm`` (global L2 norm before clipping, over all ranks),
-            ``lr`` (of this step), ``skipped`` (0/1), ``micro_batches``, and
-            ``nonfinite/<name>: 1`` for each non-finite loss, metric or gradient norm.
-        """
-        opt = self.optimizers.get(role)
-        if opt is None:
-            self._model(role)  # raises the right error
-            raise ValueError(f"role {role!r} is not trained")
-        opt.zero_grad(set_to_none=True)
-        acc = self.accumulate_gradients(batch, loss_fn, role=role)
-        bad = acc["bad"]
-        params = [q for g in opt.param_groups for q in g["params"]]
-        grad_norm = float(torch.nn.utils.get_total_norm([q.grad for q in params], norm_type=2.0))
-        if not math.isfinite(grad_norm):
-            bad.add("grad_norm")
-        lr = self.lr(role)
-        if not bad:
-            if self.cfg.clip_grad > 0:
-                torch.nn.utils.clip_grads_with_norm_(params, self.cfg.clip_grad, torch.tensor(grad_norm))
-            for g in opt.param_groups:
-                g["lr"] = lr
-            opt.step()
-            self.steps[role] += 1
-        opt.zero_grad(set_to_none=True)
-        result = {**acc["sums"], "grad_norm": grad_norm, "lr": lr, "skipped": float(bool(bad)),
-                  "micro_batches": float(acc["micro_batches"])}
-        result.update({f"nonfinite/{k}": 1.0 for k in sorted(bad)})
-        return result
+    def apply_gradients(self, role: str = "actor", *, lr: float, grad_scale: float = 1.0) -> None:
+        """Scale the gradients by ``grad_scale`` (the core's clip), then one AdamW step of
+        ``role`` at learning rate ``lr``."""
+        step_torch_optimizer(self._optimizer(role), lr=lr, grad_scale=grad_scale)
+        self.steps[role] += 1
+
+    def zero_grad(self, role: str = "actor") -> None:
+        """Release ``role``'s gradients."""
+        self._optimizer(role).zero_grad(set_to_none=True)
+
+    def optimizer_steps(self, role: str = "actor") -> int:
+        """AdamW steps applied to ``role`` (restored by :meth:`load_checkpoint`)."""
+        self._optimizer(role)
+        return self.steps[role]
 
     # ------------------------------------------------------------------ weights and checkpoints
     def engine_state_dict(self) -> dict[str, Tensor]:
         """The actor's weights with Hugging Face names (detached views of the live
-        parameters: copy them before the next ``train_step`` if you keep them)."""
+        parameters: copy them before the next optimizer step if you keep them)."""
         return {k: v.detach() for k, v in self.models["actor"].state_dict().items()}
 
     def save_checkpoint(self, path: str, include_optimizer: bool = True) -> None:

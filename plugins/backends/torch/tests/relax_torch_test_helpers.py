@@ -4,6 +4,7 @@ import torch
 
 from relax_core.config import RunConfig
 from relax_core.batch import Batch
+from relax_core.optimizer import OptimizerSettings, optimizer_step
 from relax_torch.backend import TorchBackend
 from relax_torch.plugin import TorchBackendParams
 
@@ -12,6 +13,11 @@ def make_backend(model_dir, dtype="float64", **cfg):
     cfg.setdefault("lr", 1e-3)
     cfg.setdefault("rollout_temperature", 1.0)  # independent of the run default
     return TorchBackend(TorchBackendParams(dtype=dtype, logits_chunk_size=7), RunConfig(model=str(model_dir), **cfg))
+
+
+def train_step(be, batch, loss_fn, role="actor", critic_settings=None):
+    """The core's optimizer step on ``be`` with the options of its run config."""
+    return optimizer_step(be, batch, loss_fn, role=role, settings=OptimizerSettings.from_config(be.cfg, critic_settings))
 
 
 def make_batch(seed=0, b=5, t=6, vocab=49152, k=3):

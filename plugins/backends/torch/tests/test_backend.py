@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from relax_torch_test_helpers import PGLoss, make_backend, make_batch, reference_outputs
+from relax_torch_test_helpers import PGLoss, make_backend, make_batch, reference_outputs, train_step
 from relax_core.batch import Batch
 from relax_torch.logprobs import token_log_probs
 
@@ -138,11 +138,11 @@ def test_gradient_equals_reference_and_is_micro_batch_invariant(backend):
             backend.cfg = saved
         expected_mb = {None: 1, 1: 6, 4: 2}[mbs] if tokens is None else None
         if expected_mb:
-            assert acc["micro_batches"] == expected_mb
+            assert acc.micro_batches == expected_mb
         else:
-            assert acc["micro_batches"] > 1
-        assert acc["sums"]["loss"] == pytest.approx(want_loss, abs=1e-12)
-        assert acc["sums"]["tokens"] == n_tok
+            assert acc.micro_batches > 1
+        assert acc.sums["loss"] == pytest.approx(want_loss, abs=1e-12)
+        assert acc.sums["tokens"] == n_tok
         got = grads(model)
         assert got.keys() == want.keys()
         for name in want:
@@ -166,7 +166,7 @@ def test_train_step_warmup_skip_and_non_finite(tiny_model_dir):
     be = make_backend(tiny_model_dir, lr=0.01, lr_warmup_steps=3)
     batch = make_batch(seed=3)
     n_tok = float(batch.loss_mask.sum())
-    lrs = [be.train_step(batch, PGLoss(n_tok))["lr"] for _ in range(2)]
+    lrs = [train_step(be, batch, PGLoss(n_tok)).lr for _ in range(2)]
     assert lrs == pytest.approx([0.01 / 3, 0.02 / 3])
     before = {k: v.clone() for k, v in be.models["actor"].state_dict().items()}
     opt_state = {k: v["exp_avg"].clone() for k, v in be.optimizers["actor"].state.items()}
@@ -188,15 +188,15 @@ def test_train_step_warmup_skip_and_non_finite(tiny_model_dir):
 
     be.cfg = be.cfg.__class__(**{**be.cfg.__dict__, "micro_batch_size": 3})
     for fn, name in [(NaNLoss(n_tok), "loss"), (NaNGrad(n_tok), "grad_norm"), (InfMetric(n_tok), "ratio_max")]:
-        m = be.train_step(batch, fn)
-        assert m["skipped"] == 1.0 and m[f"nonfinite/{name}"] == 1.0, m
+        m = train_step(be, batch, fn)
+        assert m.skipped and m.nonfinite == (name,), m
         for k, v in be.models["actor"].state_dict().items():
             assert torch.equal(v, before[k]), k
         for k, v in be.optimizers["actor"].state.items():
             assert torch.equal(v["exp_avg"], opt_state[k])
         assert be.steps["actor"] == 2
-    m = be.train_step(batch, PGLoss(n_tok))  # the warm-up resumes where it was
-    assert m["skipped"] == 0.0 and m["lr"] == pytest.approx(0.01) and be.steps["actor"] == 3
+    m = train_step(be, batch, PGLoss(n_tok))  # the warm-up resumes where it was
+    assert not m.skipped and m.lr == pytest.approx(0.01) and be.steps["actor"] == 3
 
 
 def test_grad_norm_and_clipping(tiny_model_dir):
@@ -218,9 +218,9 @@ def test_grad_norm_and_clipping(tiny_model_dir):
         return orig()
 
     opt.step = spy
-    m = be.train_step(batch, loss_fn)
+    m = train_step(be, batch, loss_fn)
     opt.step = orig
-    assert m["grad_norm"] == pytest.approx(norm, rel=1e-10)
+    assert m.grad_norm == pytest.approx(norm, rel=1e-10)
     assert norm > 0.5 and seen["norm"] == pytest.approx(0.5, rel=1e-6)
 
 
@@ -229,13 +229,13 @@ def test_checkpoint_round_trip_continues_identically(tiny_model_dir, tmp_path):
     losses = [PGLoss(float(b.loss_mask.sum())) for b in batches]
     a = make_backend(tiny_model_dir, lr=0.01, lr_warmup_steps=3, weight_decay=0.1)
     for b, f in zip(batches[:2], losses[:2]):
-        a.train_step(b, f)
+        train_step(a, b, f)
     a.save_checkpoint(str(tmp_path / "ckpt"))
-    ma = [a.train_step(b, f) for b, f in zip(batches[2:], losses[2:])]
+    ma = [train_step(a, b, f) for b, f in zip(batches[2:], losses[2:])]
     c = make_backend(tiny_model_dir, lr=0.01, lr_warmup_steps=3, weight_decay=0.1)
     c.load_checkpoint(str(tmp_path / "ckpt"))
     assert c.steps == {"actor": 2}
-    mc = [c.train_step(b, f) for b, f in zip(batches[2:], losses[2:])]
+    mc = [train_step(c, b, f) for b, f in zip(batches[2:], losses[2:])]
     assert ma == mc
     sa, sc = a.models["actor"].state_dict(), c.models["actor"].state_dict()
     for k in sa:
@@ -267,7 +267,7 @@ def test_reference_model_is_frozen_initial_weights(tiny_model_dir, tmp_path):
         be.forward(batch, role="ref")
     with pytest.raises(ValueError, match="unknown role"):
         be.forward(batch, role="teacher")
-    be.train_step(batch, PGLoss(float(batch.loss_mask.sum())))  # the actor moves before setup
+    train_step(be, batch, PGLoss(float(batch.loss_mask.sum())))  # the actor moves before setup
     be.setup(needs_ref=True)
     ref = be.forward(batch, role="ref").log_probs
     fresh = make_backend(tiny_model_dir).forward(batch).log_probs
@@ -285,7 +285,8 @@ def test_critic_values_and_training(tiny_model_dir, tmp_path):
     from relax_core.contracts import CriticSettings
 
     be = make_backend(tiny_model_dir, lr=0.01)
-    be.setup(needs_critic=True, critic_settings=CriticSettings(lr=1e-3))
+    settings = CriticSettings(lr=1e-3)
+    be.setup(needs_critic=True, critic_settings=settings)
     batch = make_batch(seed=6)
     mask = batch.loss_mask
     v0 = be.forward(batch, role="critic")
@@ -309,7 +310,7 @@ def test_critic_values_and_training(tiny_model_dir, tmp_path):
         return loss, {"value_loss": float(loss.detach())}
 
     actor_before = {k: v.clone() for k, v in be.models["actor"].state_dict().items()}
-    losses = [be.train_step(batch, value_loss, role="critic")["value_loss"] for _ in range(5)]
+    losses = [train_step(be, batch, value_loss, role="critic", critic_settings=settings).sums["value_loss"] for _ in range(5)]
     assert losses[-1] < losses[0] and be.steps["critic"] == 5
     assert all(torch.equal(v, actor_before[k]) for k, v in be.models["actor"].state_dict().items())
     # the critic is checkpointed and exported
@@ -347,8 +348,8 @@ def test_bf16_autocast_close_to_fp32(tiny_model_dir):
     m = batch.loss_mask
     assert (bf.log_probs - fp32.log_probs)[m].abs().max() < 0.05
     assert (bf.log_probs != fp32.log_probs)[m].any()  # autocast really ran in bfloat16
-    r = be.train_step(batch, PGLoss(float(m.sum())))
-    assert r["skipped"] == 0 and math.isfinite(r["grad_norm"])
+    r = train_step(be, batch, PGLoss(float(m.sum())))
+    assert not r.skipped and math.isfinite(r.grad_norm)
 
 
 def test_bad_token_ids_refused(backend):

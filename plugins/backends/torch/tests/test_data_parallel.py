@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from relax_torch_test_helpers import PGLoss, make_backend, make_batch
+from relax_torch_test_helpers import PGLoss, make_backend, make_batch, train_step
 
 
 def _half(batch, rank, world):
@@ -27,10 +27,10 @@ def _worker(rank, world, init_file, model_dir, out_dir):
         be = make_backend(model_dir, lr=0.01, micro_batch_size=2)
         acc = be.accumulate_gradients(_half(batch, rank, world), fn)
         grads = {k: p.grad.clone() for k, p in be.models["actor"].named_parameters()}
-        loss = torch.tensor([acc["sums"]["loss"]], dtype=torch.float64)
+        loss = torch.tensor([acc.sums["loss"]], dtype=torch.float64)
         dist.all_reduce(loss)
-        m = be.train_step(_half(batch, rank, world), fn)
-        torch.save({"grads": grads, "loss": float(loss), "metrics": m,
+        m = train_step(be, _half(batch, rank, world), fn)
+        torch.save({"grads": grads, "loss": float(loss), "grad_norm": m.grad_norm,
                     "weights": be.models["actor"].state_dict()}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -48,12 +48,12 @@ def test_two_gloo_ranks_equal_one_process(tiny_model_dir, tmp_path):
     be = make_backend(tiny_model_dir, lr=0.01)
     acc = be.accumulate_gradients(batch, fn)
     want = {k: p.grad.clone() for k, p in be.models["actor"].named_parameters()}
-    m = be.train_step(batch, fn)
+    m = train_step(be, batch, fn)
     for r in ranks:
-        assert r["loss"] == pytest.approx(acc["sums"]["loss"], abs=1e-12)
+        assert r["loss"] == pytest.approx(acc.sums["loss"], abs=1e-12)
         for k in want:
             torch.testing.assert_close(r["grads"][k], want[k], atol=1e-12, rtol=1e-9, msg=k)
-        assert r["metrics"]["grad_norm"] == pytest.approx(m["grad_norm"], rel=1e-10)
+        assert r["grad_norm"] == pytest.approx(m.grad_norm, rel=1e-10)
         for k, v in be.models["actor"].state_dict().items():
             torch.testing.assert_close(r["weights"][k], v, atol=1e-12, rtol=0, msg=k)
 
@@ -95,7 +95,7 @@ def _packed_worker(rank, world, init_file, model_dir, out_dir):
         be = make_backend(model_dir, lr=0.01, max_tokens_per_micro_batch=14)
         local = len(be.micro_batches(batch))
         acc = be.accumulate_gradients(batch, CollectiveLoss(100.0))
-        torch.save({"local": local, "ran": acc["micro_batches"]}, os.path.join(out_dir, f"packed{rank}.pt"))
+        torch.save({"local": local, "ran": acc.micro_batches}, os.path.join(out_dir, f"packed{rank}.pt"))
     finally:
         dist.destroy_process_group()
 

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from relax_core.batch import TOP_K_HEAD
 from relax_core.contracts import SamplingParams
 from relax_hf.engine import HFEngine, apply_repetition_penalty, sample_categorical, warp_logits
 
@@ -60,7 +61,7 @@ def test_greedy_is_argmax_with_zero_log_prob(engine, prompts):
     again = chunked.generate(prompts, s)
     assert torch.equal(again.response_ids, out.response_ids)
     with pytest.raises(ValueError, match="top-k head needs temperature"):
-        engine.generate(prompts, SamplingParams(temperature=0.0, return_top_k=4))
+        engine.generate(prompts, SamplingParams(temperature=0.0, fields=TOP_K_HEAD, top_k_width=4))
 
 
 def test_seed_reproducible_and_stream_advances(engine, prompts):
@@ -115,7 +116,7 @@ def test_top_k_top_p_log_q_and_support(engine, prompts):
 
 
 def test_top_k_head(engine, prompts):
-    s = SamplingParams(temperature=0.9, max_new_tokens=6, seed=2, return_top_k=5)
+    s = SamplingParams(temperature=0.9, max_new_tokens=6, seed=2, fields=TOP_K_HEAD, top_k_width=5)
     out = engine.generate(prompts, s)
     assert out.top_k_ids.shape == out.top_k_log_probs.shape == (*out.response_ids.shape, 5)
     for i, (p, r) in enumerate(zip(prompts, responses(out))):
@@ -203,7 +204,7 @@ def test_bad_inputs(engine):
     with pytest.raises(ValueError, match="empty prompt"):
         engine.generate([[1, 2], []], SamplingParams())
     with pytest.raises(ValueError, match="not a mixture-of-experts"):
-        engine.generate([[1, 2]], SamplingParams(return_routed_experts=True))
+        engine.generate([[1, 2]], SamplingParams(fields=frozenset({"routed_experts"})))
 
 
 def test_routed_experts_match_a_full_forward(tiny_moe_model_dir):
@@ -211,7 +212,7 @@ def test_routed_experts_match_a_full_forward(tiny_moe_model_dir):
 
     eng = HFEngine(str(tiny_moe_model_dir), seed=0)
     prompts = [[1, 4093, 198, 1780, 314], [1, 520, 9531]]
-    out = eng.generate(prompts, SamplingParams(max_new_tokens=5, seed=0, return_routed_experts=True))
+    out = eng.generate(prompts, SamplingParams(max_new_tokens=5, seed=0, fields=frozenset({"routed_experts"})))
     n_layers = eng.model.config.num_hidden_layers
     assert out.routed_experts.shape == (2, out.response_ids.shape[1], n_layers, 2)
     for i, (p, r) in enumerate(zip(prompts, responses(out))):

@@ -16,6 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from relax_core.batch import TOP_K_HEAD  # noqa: E402
 from relax_core.contracts import SamplingParams  # noqa: E402
 from relax_sglang import protocol  # noqa: E402
 from relax_sglang.engine import SGLangEngine, _Server  # noqa: E402
@@ -28,8 +29,8 @@ def _load(name: str):
 
 
 def test_generate_payload_matches_recorded_request():
-    s = SamplingParams(temperature=0.8, max_new_tokens=3, stop=("\n\n",), seed=100, return_top_k=2,
-                       return_routed_experts=True)
+    s = SamplingParams(temperature=0.8, max_new_tokens=3, stop=("\n\n",), seed=100,
+                       fields=TOP_K_HEAD | {"routed_experts"}, top_k_width=2)
     assert protocol.generate_payload([[5, 6, 7], [8, 9]], s) == _load("generate_request.json")
 
 
@@ -149,8 +150,8 @@ def test_weight_update_pauses_updates_and_continues(fake_engine):
 
 
 def test_generate_round_trip_over_http(fake_engine):
-    s = SamplingParams(temperature=0.8, max_new_tokens=3, stop=("\n\n",), seed=100, return_top_k=2,
-                       return_routed_experts=True)
+    s = SamplingParams(temperature=0.8, max_new_tokens=3, stop=("\n\n",), seed=100,
+                       fields=TOP_K_HEAD | {"routed_experts"}, top_k_width=2)
     out = fake_engine.generate([[5, 6, 7], [8, 9]], s)
     assert _FakeSGLang.calls == [("/generate", _load("generate_request.json"))]
     assert out.routed_experts[0, 0].tolist() == _rows(2)

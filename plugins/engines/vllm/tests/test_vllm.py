@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from relax_core.batch import TOP_K_HEAD  # noqa: E402
 from relax_core.contracts import SamplingParams  # noqa: E402
 from relax_vllm.engine import to_generation_output  # noqa: E402
 
@@ -98,7 +99,7 @@ def _hf_log_probs(model, prompts, out, temperature):
 
 def _check_against_hf(engine, model, seed):
     prompts = [[1, 2, 3, 4], [10, 20, 30], [7, 7, 7, 7, 7, 7]]
-    s = SamplingParams(temperature=0.7, max_new_tokens=12, seed=seed, return_top_k=3)
+    s = SamplingParams(temperature=0.7, max_new_tokens=12, seed=seed, fields=TOP_K_HEAD, top_k_width=3)
     out = engine.generate(prompts, s)
     assert out.response_lengths.min() >= 1
     lps, heads = _hf_log_probs(model, prompts, out, 0.7)
@@ -153,9 +154,9 @@ def test_seeds_and_stop_strings(engine):
     g = engine.generate(prompts[:2], SamplingParams(temperature=0.0, max_new_tokens=4))
     assert torch.equal(g.response_ids[0], g.response_ids[1]) and (g.rollout_log_probs == 0).all()
     with pytest.raises(ValueError, match="top-k head needs"):
-        engine.generate(prompts[:1], SamplingParams(temperature=0.0, return_top_k=2))
+        engine.generate(prompts[:1], SamplingParams(temperature=0.0, fields=TOP_K_HEAD, top_k_width=2))
     with pytest.raises(ValueError, match="top-k head needs"):
-        engine.generate(prompts[:1], SamplingParams(top_p=0.9, return_top_k=2))
+        engine.generate(prompts[:1], SamplingParams(top_p=0.9, fields=TOP_K_HEAD, top_k_width=2))
 
 
 def test_contract():

@@ -1,15 +1,6 @@
 """Hook implementations of relax-cispo (registration only; nothing heavy imported)."""
 
-from dataclasses import dataclass
-
-from relax_core import EstimatorCapabilities, EstimatorSpec, hookimpl, param
-
-
-@dataclass(frozen=True)
-class CISPOParams:
-    disable_grpo_std_normalization: bool = param(
-        False, "Group advantages R - mean without dividing by the group std (as GRPO's flag).",
-        flag="--disable-grpo-std-normalization")
+from relax_core import EstimatorCapabilities, EstimatorSpec, GroupAdvantageParams, hookimpl
 
 
 CAPABILITIES = EstimatorCapabilities(
@@ -35,6 +26,6 @@ def relax_register_estimators():
                 "--kl-loss-type low_var_kl --correction tis --clip-grad 1.0.",
         source="MiniMax 2025, 'MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention', §3.1 eq. (4)-(5)",
         factory="relax_cispo.cispo:build",
-        params=CISPOParams,
+        params=GroupAdvantageParams,
         capabilities=CAPABILITIES,
     )]

@@ -2,14 +2,11 @@
 
 from dataclasses import dataclass
 
-from relax_core import EstimatorCapabilities, EstimatorSpec, hookimpl, param
+from relax_core import EstimatorCapabilities, EstimatorSpec, GroupAdvantageParams, hookimpl, param
 
 
 @dataclass(frozen=True)
-class GRPOParams:
-    disable_grpo_std_normalization: bool = param(
-        False, "Dr.GRPO: advantages R - mean without dividing by the group std.",
-        flag="--disable-grpo-std-normalization")
+class GRPOParams(GroupAdvantageParams):
     pg_loss_type: str = param(
         "ppo_clip", "ppo_clip (clipped surrogate) or reinforce (-sg(A)·log π, unclipped; for score centering).",
         flag="--pg-loss-type", choices=("ppo_clip", "reinforce"))

@@ -1,15 +1,6 @@
 """Hook implementations of relax-gspo (registration only; nothing heavy imported)."""
 
-from dataclasses import dataclass
-
-from relax_core import EstimatorCapabilities, EstimatorSpec, hookimpl, param
-
-
-@dataclass(frozen=True)
-class GSPOParams:
-    disable_grpo_std_normalization: bool = param(
-        False, "Group advantages R - mean without dividing by the group std (as GRPO's flag).",
-        flag="--disable-grpo-std-normalization")
+from relax_core import EstimatorCapabilities, EstimatorSpec, GroupAdvantageParams, hookimpl
 
 
 CAPABILITIES = EstimatorCapabilities(
@@ -37,6 +28,6 @@ def relax_register_estimators():
         summary="GSPO: GRPO advantages, PPO-clip on one ratio per sequence r = exp(mean_t(log π - log π_old)).",
         source="Zheng et al. 2025, 'Group Sequence Policy Optimization', §4.1 eq. (5)-(7)",
         factory="relax_gspo.gspo:build",
-        params=GSPOParams,
+        params=GroupAdvantageParams,
         capabilities=CAPABILITIES,
     )]

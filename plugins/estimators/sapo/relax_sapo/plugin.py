@@ -2,18 +2,15 @@
 
 from dataclasses import dataclass
 
-from relax_core import EstimatorCapabilities, EstimatorSpec, hookimpl, param
+from relax_core import EstimatorCapabilities, EstimatorSpec, GroupAdvantageParams, hookimpl, param
 
 
 @dataclass(frozen=True)
-class SAPOParams:
+class SAPOParams(GroupAdvantageParams):
     tau_pos: float = param(1.0, "Gate temperature for tokens with positive advantage.",
                            flag="--sapo-tau-pos", gt=0)
     tau_neg: float = param(1.05, "Gate temperature for tokens with advantage <= 0 (higher = stronger damping).",
                            flag="--sapo-tau-neg", gt=0)
-    disable_grpo_std_normalization: bool = param(
-        False, "Group advantages R - mean without dividing by the group std (as GRPO's flag).",
-        flag="--disable-grpo-std-normalization")
 
 
 CAPABILITIES = EstimatorCapabilities(
