@@ -26,7 +26,8 @@ from typing import Any, Iterable, Mapping
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_DATA = "rg:chain_sum?size=2000&seed=42&min_terms=2&max_terms=2&min_digits=1&max_digits=1"
 #: The default task's evaluation prompts (``--eval-data auto`` with the default ``--data``):
-#: the same generator with another seed.
+#: the same generator with another seed; the training rows with one of these prompts are left
+#: out (``--exclude-eval-prompts``), so the evaluation is held out.
 DEFAULT_EVAL_DATA = "rg:chain_sum?size=64&seed=7&min_terms=2&max_terms=2&min_digits=1&max_digits=1"
 REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
@@ -66,10 +67,11 @@ class RunConfig:
     apply_chat_template: bool = opt(True, "Apply the tokenizer's chat template to prompts.", group="data")
     system_prompt: str | None = opt(None, "Optional system prompt.", group="data")
     prompt_suffix: str | None = opt(None, "Text appended to each prompt (default: the instruction the data source declares: 'Give only the final number.' for numeric rg: tasks, nothing for files).", group="data")
-    eval_data: str | None = opt("auto", "Evaluation data (same formats as --data); 'auto': the default task's 64 evaluation prompts (another seed) when --data is the default, else none; 'none': no evaluation.", group="eval")
+    eval_data: str | None = opt("auto", "Evaluation data (same formats as --data); 'auto': the default task's 64 evaluation prompts (another seed) when --data is the default, else none; 'none': no evaluation. Training rows with an evaluation prompt are left out (--exclude-eval-prompts).", group="eval")
     eval_interval: int = opt(10, "Evaluate before the first step, every N steps and after the last (0 = never).", ge=0, group="eval")
-    n_samples_per_eval_prompt: int = opt(4, "Samples per evaluation prompt.", ge=1, group="eval")
+    n_samples_per_eval_prompt: int = opt(2, "Samples per evaluation prompt.", ge=1, group="eval")
     eval_max_prompts: int = opt(64, "At most this many evaluation prompts.", ge=1, group="eval")
+    exclude_eval_prompts: bool = opt(True, "Drop the training rows whose prompt is one of the evaluation prompts, so that evaluation is on prompts the run never trains on (--no-exclude-eval-prompts keeps them).", group="eval")
 
     # ---- batch shape and schedule
     rollout_batch_size: int = opt(4, "Prompts per rollout.", ge=1, group="batch")
