@@ -8,7 +8,8 @@ import json
 import pytest
 
 from relax_core.config import RunConfig
-from relax_core.data import DataCursor, DataError, encode_prompts, gsm8k_label, load_dataset, prompt_text
+from relax_core.data import (DataCursor, DataError, data_fingerprint, encode_prompts, exclude_eval_prompts, gsm8k_label,
+                             load_dataset, prompt_text)
 
 
 def _write(path, rows):
@@ -174,3 +175,14 @@ def test_data_fingerprint_changes_with_the_rows_not_the_path(tmp_path):
     assert "same row count (2) but other rows" in fingerprint_change(fa, fb)
     c = _write(tmp_path / "c.jsonl", [{"prompt": "p1", "label": "1"}])
     assert fingerprint_change(fa, load_dataset(str(c), RunConfig()).fingerprint).startswith("2 rows in the checkpoint")
+
+
+def test_training_rows_with_an_evaluation_prompt_are_left_out(tmp_path):
+    train = load_dataset(str(_write(tmp_path / "t.jsonl", [{"prompt": p, "label": i} for i, p in enumerate("abcad")])), RunConfig())
+    ev = load_dataset(str(_write(tmp_path / "e.jsonl", [{"prompt": p, "label": 0} for p in "axc"])), RunConfig())
+    kept = exclude_eval_prompts(train, ev)
+    assert [(r["prompt"], r["label"]) for r in kept.rows] == [("b", 1), ("d", 4)]  # order kept, both 'a' rows gone
+    assert kept.held_out == 3 and len(train) == 5  # the input is not changed
+    assert kept.fingerprint == data_fingerprint(str(tmp_path / "t.jsonl"), kept.rows) != train.fingerprint
+    with pytest.raises(DataError, match="every training prompt is also an evaluation prompt.*--no-exclude-eval-prompts"):
+        exclude_eval_prompts(train, train)
