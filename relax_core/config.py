@@ -535,7 +535,7 @@ def show_default(value: Any) -> str | None:
 def _help(text: str, default: Any) -> str:
     """Help text plus its default, once (not when the text already says it); ``%`` escaped."""
     shown = show_default(default)
-    if shown is not None and "default" not in text.lower():
+    if shown is not None and not any(q in text.lower() for q in ("(default", "default:")):
         text = f"{text} (default: {shown})"
     return text.replace("%", "%%")
 
@@ -651,17 +651,18 @@ class _Parser(argparse.ArgumentParser):
 
 
 EXAMPLES = """\
-Train a language model with RL (with --dry-run: check everything, start nothing).
+Train a language model with RL (--dry-run: check everything, start nothing).
 
 examples:
-  relax train                                  the default run: GRPO, SmolLM2-135M-Instruct, chain_sum
-  relax train --data my.jsonl --advantage-estimator rloo --calculate-per-token-loss
-  relax train --config examples/recipes/cispo.yaml --lr 1e-5    a recipe; flags win over the file
-  relax train --dry-run --advantage-estimator m2po             validate only: exit 2 listing every problem
+  relax train                  # the default run: GRPO, SmolLM2-135M, chain_sum
+  relax train --data my.jsonl --advantage-estimator rloo \\
+      --calculate-per-token-loss
+  relax train --config examples/recipes/cispo.yaml --lr 1e-5   # flags win
+  relax train --dry-run --advantage-estimator m2po  # check only; 2: problems
 
-Every option is also a key of the --config YAML file (with dashes or underscores).
-Names from TRL, verl and slime (--learning-rate, --num-generations, --beta, ...) are
-answered with the Relax flag to use.
+Every option is also a key of the --config YAML file (dashes or underscores).
+Names from TRL, verl and slime (--learning-rate, --num-generations, --beta...)
+are answered with the Relax flag to use.
 """
 
 
