@@ -116,7 +116,7 @@ def _records(path: Path) -> list[tuple[str, Any]]:
                 if not line.strip():
                     continue
                 try:
-                    out.append((f"{path}:{lineno}", json.loads(line)))
+                    out.append((f"{path}:{lineno}", json.loads(line.rstrip("\r\n"))))  # a column within the line
                 except json.JSONDecodeError as e:
                     out.append((f"{path}:{lineno}", ValueError(f"invalid JSON: {e.msg} (line {lineno}, column {e.colno})")))
         return out

@@ -30,6 +30,12 @@ def test_a_malformed_line_fails_naming_file_and_line(tmp_path):
         load_dataset(str(p), RunConfig())
 
 
+def test_a_truncated_line_is_named_by_the_column_after_its_end(tmp_path):
+    p = _write(tmp_path / "d.jsonl", ['{"prompt": "What is 2 + 2?", "label": 4', {"prompt": "c", "label": 3}])
+    with pytest.raises(DataError, match=rf"{p}:1: invalid JSON: Expecting ',' delimiter \(line 1, column 40\)"):
+        load_dataset(str(p), RunConfig())  # the line has 39 characters (it said column 1: the newline)
+
+
 def test_skip_bad_rows_skips_and_counts(tmp_path):
     p = _write(tmp_path / "d.jsonl", [{"prompt": "a", "label": 1}, "not json", {"prompt": "", "label": 2},
                                       {"prompt": "c"}, [1, 2], {"prompt": "d", "label": 4}])
