@@ -45,3 +45,14 @@ def test_readme_train_and_plugin_commands_parse():
             assert "unknown option" not in r.output and "Traceback" not in r.output, (cmd, r.output)
             checked += 1
     assert checked >= 5
+
+
+def test_the_readme_refusal_is_what_the_command_prints():
+    """The README's example of a refused configuration, word for word (its line breaks aside)."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("A refused configuration looks like this", 1)[1].split("\n\n")[1]
+    command, *shown = block.strip().splitlines()
+    assert command.startswith("$ relax train --dry-run ")
+    r = CliRunner().invoke(app, shlex.split(command[2:])[1:])
+    assert r.exit_code == 2
+    assert " ".join(" ".join(shown).split()) == " ".join(r.stderr.split())
