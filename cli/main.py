@@ -85,8 +85,8 @@ def train(ctx: typer.Context) -> None:
         except BadInput as e:
             _print_problems(e.problems)
             raise typer.Exit(EXIT_BAD_INPUT)
-        for w in checked.warnings:
-            typer.echo(f"relax: warning: {w}", err=True)
+        for line in checked.notes + [f"warning: {w}" for w in checked.warnings]:
+            typer.echo(f"relax: {line}", err=True)
         _print_dry_run(cfg, resolved, reg)
         return
 

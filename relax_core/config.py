@@ -26,7 +26,8 @@ from typing import Any, Iterable, Mapping
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_DATA = "rg:chain_sum?size=2000&seed=42&min_terms=2&max_terms=2&min_digits=1&max_digits=1"
 #: The default task's evaluation prompts (``--eval-data auto`` with the default ``--data``):
-#: the same generator with another seed.
+#: the same generator with another seed; the training rows with one of these prompts are left
+#: out (``--exclude-eval-prompts``), so the evaluation is held out.
 DEFAULT_EVAL_DATA = "rg:chain_sum?size=64&seed=7&min_terms=2&max_terms=2&min_digits=1&max_digits=1"
 REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
@@ -66,10 +67,11 @@ class RunConfig:
     apply_chat_template: bool = opt(True, "Apply the tokenizer's chat template to prompts.", group="data")
     system_prompt: str | None = opt(None, "Optional system prompt.", group="data")
     prompt_suffix: str | None = opt(None, "Text appended to each prompt (default: the instruction the data source declares: 'Give only the final number.' for numeric rg: tasks, nothing for files).", group="data")
-    eval_data: str | None = opt("auto", "Evaluation data (same formats as --data); 'auto': the default task's 64 evaluation prompts (another seed) when --data is the default, else none; 'none': no evaluation.", group="eval")
+    eval_data: str | None = opt("auto", "Evaluation data (same formats as --data); 'auto': the default task's 64 evaluation prompts (another seed) when --data is the default, else none; 'none': no evaluation. Training rows with an evaluation prompt are left out (--exclude-eval-prompts).", group="eval")
     eval_interval: int = opt(10, "Evaluate before the first step, every N steps and after the last (0 = never).", ge=0, group="eval")
-    n_samples_per_eval_prompt: int = opt(4, "Samples per evaluation prompt.", ge=1, group="eval")
+    n_samples_per_eval_prompt: int = opt(2, "Samples per evaluation prompt.", ge=1, group="eval")
     eval_max_prompts: int = opt(64, "At most this many evaluation prompts.", ge=1, group="eval")
+    exclude_eval_prompts: bool = opt(True, "Drop the training rows whose prompt is one of the evaluation prompts, so that evaluation is on prompts the run never trains on (--no-exclude-eval-prompts keeps them).", group="eval")
 
     # ---- batch shape and schedule
     rollout_batch_size: int = opt(4, "Prompts per rollout.", ge=1, group="batch")
@@ -533,7 +535,7 @@ def show_default(value: Any) -> str | None:
 def _help(text: str, default: Any) -> str:
     """Help text plus its default, once (not when the text already says it); ``%`` escaped."""
     shown = show_default(default)
-    if shown is not None and "default" not in text.lower():
+    if shown is not None and not any(q in text.lower() for q in ("(default", "default:")):
         text = f"{text} (default: {shown})"
     return text.replace("%", "%%")
 
@@ -649,17 +651,18 @@ class _Parser(argparse.ArgumentParser):
 
 
 EXAMPLES = """\
-Train a language model with RL (with --dry-run: check everything, start nothing).
+Train a language model with RL (--dry-run: check everything, start nothing).
 
 examples:
-  relax train                                  the default run: GRPO, SmolLM2-135M-Instruct, chain_sum
-  relax train --data my.jsonl --advantage-estimator rloo --calculate-per-token-loss
-  relax train --config examples/recipes/cispo.yaml --lr 1e-5    a recipe; flags win over the file
-  relax train --dry-run --advantage-estimator m2po             validate only: exit 2 listing every problem
+  relax train                  # the default run: GRPO, SmolLM2-135M, chain_sum
+  relax train --data my.jsonl --advantage-estimator rloo \\
+      --calculate-per-token-loss
+  relax train --config examples/recipes/cispo.yaml --lr 1e-5   # flags win
+  relax train --dry-run --advantage-estimator m2po  # check only; 2: problems
 
-Every option is also a key of the --config YAML file (with dashes or underscores).
-Names from TRL, verl and slime (--learning-rate, --num-generations, --beta, ...) are
-answered with the Relax flag to use.
+Every option is also a key of the --config YAML file (dashes or underscores).
+Names from TRL, verl and slime (--learning-rate, --num-generations, --beta...)
+are answered with the Relax flag to use.
 """
 
 

@@ -22,6 +22,10 @@ here, before any model loads: a malformed row raises :class:`DataError` naming t
 and line (or, with ``--skip-bad-rows``, is skipped and counted), and so do a label key that
 is absent from the data and an empty dataset.
 
+With evaluation data, the training rows whose prompt is one of the evaluation prompts are
+dropped (:func:`exclude_eval_prompts`, ``--exclude-eval-prompts``, on by default), so that
+evaluation is on prompts the run never trains on.
+
 The :class:`DataCursor` walks the rows in a seeded shuffled order, epoch by epoch; its
 state (epoch, position) is saved in checkpoints, so a resumed run repeats no prompt.
 """
@@ -31,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +98,8 @@ class Dataset:
     fingerprint: dict | None = None
     """``{"source", "rows", "sha256"}`` (:func:`data_fingerprint`), set by :func:`load_dataset`;
     stored in checkpoints so that ``--resume`` can refuse other data."""
+    held_out: int = 0
+    """Rows dropped because their prompt is an evaluation prompt (:func:`exclude_eval_prompts`)."""
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -149,7 +155,7 @@ def _records(path: Path) -> list[tuple[str, Any]]:
                 if not line.strip():
                     continue
                 try:
-                    out.append((f"{path}:{lineno}", json.loads(line)))
+                    out.append((f"{path}:{lineno}", json.loads(line.rstrip("\r\n"))))  # a column within the line
                 except json.JSONDecodeError as e:
                     out.append((f"{path}:{lineno}", ValueError(f"invalid JSON: {e.msg} (line {lineno}, column {e.colno})")))
         return out
@@ -243,6 +249,26 @@ def load_dataset(source: str, cfg: Any, registry: Any = None) -> Dataset:
         raise DataError(f"--data {source}: the dataset is empty{extra}")
     ds.fingerprint = data_fingerprint(source, ds.rows)
     return ds
+
+
+def exclude_eval_prompts(train: Dataset, eval_data: Dataset) -> Dataset:
+    """``train`` without the rows whose prompt (the text the model gets, suffix included)
+    is the prompt of any row of ``eval_data``: the evaluation is then held out, also when
+    both come from one generator or one file.  The order of the remaining rows is kept, so
+    the result is deterministic; its fingerprint covers the remaining rows.
+
+    Raises:
+        DataError: every training row's prompt is an evaluation prompt.
+    """
+    held = {row["prompt"] for row in eval_data.rows}
+    rows = [row for row in train.rows if row["prompt"] not in held]
+    if not rows:
+        raise DataError(f"--data {train.fingerprint['source']}: every training prompt is also an evaluation prompt "
+                        f"(--eval-data {eval_data.fingerprint['source']}), so none is left to train on; give other "
+                        "--eval-data, or pass --no-exclude-eval-prompts to train on the evaluation prompts too")
+    out = replace(train, rows=rows, held_out=len(train.rows) - len(rows))
+    out.fingerprint = data_fingerprint(train.fingerprint["source"], rows)
+    return out
 
 
 def data_fingerprint(source: str, rows: list[dict]) -> dict:

@@ -78,6 +78,8 @@ class Preflight:
     """The checkpoint ``--resume`` continues from (``None``: a fresh start)."""
     warnings: list[str]
     """Lines to show the user (e.g. a scorer that gives a correct label less than full reward)."""
+    notes: list[str]
+    """What the checks changed, for the user (training rows left out as evaluation prompts)."""
 
 
 def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
@@ -92,7 +94,7 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
         BadInput: listing the problems, each with its fix.
     """
     from relax_core import checkpoint as ckpt
-    from relax_core.data import DataError, fingerprint_change, load_dataset
+    from relax_core.data import DataError, exclude_eval_prompts, fingerprint_change, load_dataset
     from relax_core.models import model_problem
     from relax_core.resume import checkpoint_dir, holds_run
     from relax_core.reward_check import label_check
@@ -102,8 +104,12 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
     try:
         train_data = load_dataset(cfg.data, cfg, reg)
         eval_data = load_dataset(cfg.eval_source, cfg, reg) if cfg.eval_source else None
+        if eval_data is not None and cfg.exclude_eval_prompts:
+            train_data = exclude_eval_prompts(train_data, eval_data)
     except DataError as e:
         raise BadInput(problems + [str(e)]) from None
+    notes = [f"{train_data.held_out} of {len(train_data) + train_data.held_out} training rows left out: their "
+             "prompt is an evaluation prompt (--no-exclude-eval-prompts keeps them)"] if train_data.held_out else []
     datasets = [("--data", train_data)] + ([("--eval-data", eval_data)] if eval_data else [])
     try:
         scorer = resolve_scorer(cfg, reg)
@@ -135,7 +141,7 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
                            "row count: the data position carries over; otherwise they are read from their start)")
         if change:
             print(f"relax: --resume-allow-data-change: training data changed ({change})", file=sys.stderr)
-    return Preflight(train_data, eval_data, scorer, run_dir, resume_from, warnings)
+    return Preflight(train_data, eval_data, scorer, run_dir, resume_from, warnings, notes)
 
 
 def prepare_run_dir(cfg: Any, run_dir: Path, fresh: bool) -> None:
@@ -199,8 +205,8 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
         display.phase("checking the data and the scorer")
         checked = preflight(cfg, resolved, reg)
         run_dir = checked.run_dir
-        for w in checked.warnings:
-            display.message(f"warning: {w}")
+        for line in checked.notes + [f"warning: {w}" for w in checked.warnings]:
+            display.message(line)
         code, trainer = _launch(cfg, resolved, reg, checked, display)
     except BadInput as e:
         for p in e.problems:
@@ -298,7 +304,8 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
         "relax_core": __import__("relax_core").__version__, "plugins": plugin_versions(reg),
         "git_commit": git_commit(Path(__file__).resolve().parent), "python": sys.version.split()[0],
         "torch": torch.__version__, "old_log_probs": ["detach(current)", "recomputed", "rollout"][trainer.old_logp_source],
-        "train_data": {"name": train_data.name, "rows": len(train_data), "skipped_rows": train_data.skipped},
+        "train_data": {"name": train_data.name, "rows": len(train_data), "skipped_rows": train_data.skipped,
+                       "eval_prompt_rows_left_out": train_data.held_out},
         "eval_data": None if eval_data is None else {"name": eval_data.name, "rows": len(eval_data)},
         "command": sys.argv,
         **({"ray_startup_s": runtime.startup_s} if runtime else {}),

@@ -134,8 +134,9 @@ class RunDisplay:
     def line(self, width: int) -> Text:
         """The live line at ``width`` columns: never wider, the most important items first."""
         elapsed = clock(time.monotonic() - self.t0)
-        if self.step_no is None:
-            return Text(f"relax: {self.phase_text}… {elapsed}"[:width])
+        if self.step_no is None:  # a phase too long for the width is cut, not the elapsed time
+            room = max(width - len(f"relax: … {elapsed}"), 0)
+            return Text(f"relax: {self.phase_text[:room]}… {elapsed}"[:width])
         head, times = f"step {self.step_no}/{self.total}", self._times()
         fixed = len(head) + 1 + len(times)
         bar_want = max(BAR_MIN, min(BAR_MAX, width // 5))

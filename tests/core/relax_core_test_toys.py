@@ -7,6 +7,7 @@ that toy factories resolve by dotted path, as a real plugin's do.
 from __future__ import annotations
 
 import types
+import urllib.parse
 from dataclasses import dataclass
 
 import torch
@@ -63,7 +64,13 @@ def infra_plugin() -> types.SimpleNamespace:
 
 
 def build_rows(params, config):
-    return lambda spec, cfg: [{"prompt": f"{i} + 1 = ?", "label": str(i + 1), "metadata": {}} for i in range(4)]
+    """Four rows from the spec's ``seed`` on, so that the default data and its evaluation
+    data (seeds 42 and 7) share no prompt, as the real generator's do once the training
+    rows leave out the evaluation prompts."""
+    def rows(spec, cfg):
+        seed = int(dict(urllib.parse.parse_qsl(spec.partition("?")[2])).get("seed", 0))
+        return [{"prompt": f"{i} + 1 = ?", "label": str(i + 1), "metadata": {}} for i in range(seed, seed + 4)]
+    return rows
 
 
 def build_estimator(params, config):

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from relax_core.config import RunConfig
-from relax_core.data import DataCursor, DataError, encode_prompts, gsm8k_label, load_dataset, prompt_text
+from relax_core.data import (DataCursor, DataError, data_fingerprint, encode_prompts, exclude_eval_prompts, gsm8k_label,
+                             load_dataset, prompt_text)
 
 
 def _write(path, rows):
@@ -27,6 +28,12 @@ def test_a_malformed_line_fails_naming_file_and_line(tmp_path):
     p = _write(tmp_path / "d.jsonl", [{"prompt": "a", "label": 1}, "", '{"prompt": "b", "label": ', {"prompt": "c", "label": 3}])
     with pytest.raises(DataError, match=rf"{p}:3: invalid JSON"):
         load_dataset(str(p), RunConfig())
+
+
+def test_a_truncated_line_is_named_by_the_column_after_its_end(tmp_path):
+    p = _write(tmp_path / "d.jsonl", ['{"prompt": "What is 2 + 2?", "label": 4', {"prompt": "c", "label": 3}])
+    with pytest.raises(DataError, match=rf"{p}:1: invalid JSON: Expecting ',' delimiter \(line 1, column 40\)"):
+        load_dataset(str(p), RunConfig())  # the line has 39 characters (it said column 1: the newline)
 
 
 def test_skip_bad_rows_skips_and_counts(tmp_path):
@@ -189,3 +196,14 @@ def test_one_reading_of_a_data_value(tmp_path, monkeypatch):
                         ("ab:c.jsonl", DataRef("file", "", "ab:c.jsonl")),
                         ("ab:d.jsonl", DataRef("unknown", "ab", "d.jsonl"))):
         assert parse_data(value, {"rg"}) == want, value
+
+
+def test_training_rows_with_an_evaluation_prompt_are_left_out(tmp_path):
+    train = load_dataset(str(_write(tmp_path / "t.jsonl", [{"prompt": p, "label": i} for i, p in enumerate("abcad")])), RunConfig())
+    ev = load_dataset(str(_write(tmp_path / "e.jsonl", [{"prompt": p, "label": 0} for p in "axc"])), RunConfig())
+    kept = exclude_eval_prompts(train, ev)
+    assert [(r["prompt"], r["label"]) for r in kept.rows] == [("b", 1), ("d", 4)]  # order kept, both 'a' rows gone
+    assert kept.held_out == 3 and len(train) == 5  # the input is not changed
+    assert kept.fingerprint == data_fingerprint(str(tmp_path / "t.jsonl"), kept.rows) != train.fingerprint
+    with pytest.raises(DataError, match="every training prompt is also an evaluation prompt.*--no-exclude-eval-prompts"):
+        exclude_eval_prompts(train, train)

@@ -95,6 +95,8 @@ def test_train_help_opens_with_a_short_usage_and_examples_and_lists_choices():
     lines = r.stdout.splitlines()
     assert lines[0] == "usage: relax train [OPTIONS]"
     assert any(line.strip().startswith("relax train --data my.jsonl") for line in lines[:12])
+    opening = lines[:lines.index("options:")]
+    assert max(map(len, opening)) < 80, opening  # usage and examples fit an 80-column terminal
     text = r.stdout
     assert "--advantage-estimator, --estimator {cispo,grpo,gspo,m2po,ppo,reinforce_plus_plus," in text
     for flag, names in (("--reward", "{auto,"), ("--correction", "{icepop,"), ("--loss-reduction", "{token-mean,"),
@@ -102,6 +104,7 @@ def test_train_help_opens_with_a_short_usage_and_examples_and_lists_choices():
         assert f"{flag} {names}" in text, flag
     assert "--apply-chat-template, --no-apply-chat-template" in text and "(default: on)" in text
     assert "(default: off)" in text and "(default: None)" not in text
+    assert "(--exclude-eval-prompts). (default: 'auto')" in " ".join(text.split())  # its help says "the default task"
     assert "\\\\\\\\" not in text and "\\\\boxed\\{.+\\}'" in text  # the regex as typed, not repr-escaped
     joined = " ".join(text.split())
     assert "(default: the instruction the data source declares" in joined

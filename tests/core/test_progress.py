@@ -55,6 +55,11 @@ def test_before_the_first_step_the_line_names_the_phase():
     d.phase("loading the model smollm2-135m-instruct")
     console.print(d)
     assert out.getvalue().startswith("relax: loading the model smollm2-135m-instruct… 0:00")
+    out.seek(0), out.truncate()
+    d.phase("loading the model smollm2-135m-instruct into the training backend (torch)")  # 73 characters
+    console.print(d)
+    # 80 columns: the phase is cut to 67 characters, the elapsed time stays (it lost it before)
+    assert out.getvalue() == "relax: loading the model smollm2-135m-instruct into the training backend (… 0:00\n"
 
 
 def test_not_a_terminal_prints_one_plain_line_per_step(tmp_path):

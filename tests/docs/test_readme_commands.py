@@ -1,5 +1,6 @@
-"""The README's commands work as written after `make run` (issue 19 §5): `relax` is on PATH
-only after the block's `source .venv/bin/activate`, and every `relax train` line parses
+"""The commands of the README and of the quick start (docs/index.md) work as written after
+`make run` (issue 19 §5): `relax` is on PATH only after the block's `source .venv/bin/activate`,
+and every `relax train` line parses
 (checked with --dry-run: exit 0, or 2 listing problems, never an unknown option)."""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typer.testing import CliRunner
 from cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
-BLOCKS = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+BLOCKS = [block for page in ("README.md", "docs/index.md")
+          for block in re.findall(r"```bash\n(.*?)```", (ROOT / page).read_text(), re.S)]
 
 
 def _commands(block: str) -> list[str]:
@@ -43,3 +45,14 @@ def test_readme_train_and_plugin_commands_parse():
             assert "unknown option" not in r.output and "Traceback" not in r.output, (cmd, r.output)
             checked += 1
     assert checked >= 5
+
+
+def test_the_readme_refusal_is_what_the_command_prints():
+    """The README's example of a refused configuration, word for word (its line breaks aside)."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("A refused configuration looks like this", 1)[1].split("\n\n")[1]
+    command, *shown = block.strip().splitlines()
+    assert command.startswith("$ relax train --dry-run ")
+    r = CliRunner().invoke(app, shlex.split(command[2:])[1:])
+    assert r.exit_code == 2
+    assert " ".join(" ".join(shown).split()) == " ".join(r.stderr.split())

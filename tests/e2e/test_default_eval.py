@@ -8,8 +8,11 @@ import re
 from conftest import run_train
 
 from relax_core.config import DEFAULT_DATA, DEFAULT_EVAL_DATA, RunConfig
+from relax_core.launch import preflight
 from relax_core.metrics import read_metrics
 from relax_core.plotting import default_metrics, load_runs
+from relax_core.plugins import default_registry
+from relax_core.validation import resolve
 
 
 def test_eval_source_follows_the_default_task():
@@ -19,6 +22,31 @@ def test_eval_source_follows_the_default_task():
     assert RunConfig(eval_interval=0).eval_source is None
     assert RunConfig(data="mine.jsonl", eval_data="test.jsonl").eval_source == "test.jsonl"
     assert DEFAULT_EVAL_DATA.split("?")[0] == DEFAULT_DATA.split("?")[0]
+
+
+def _checked(**kw):
+    cfg = RunConfig(**kw)
+    reg = default_registry()
+    resolved, problems = resolve(cfg, reg)
+    assert not problems
+    return preflight(cfg, resolved, reg)
+
+
+def test_the_default_evaluation_prompts_never_occur_in_training(tmp_path):
+    """The generator has 200 distinct problems (sums of two one-digit terms); the 64
+    evaluation rows hold 55 of them, and the 571 of the 2000 training rows that repeat one
+    of those are left out: 1429 rows over the other 145 problems."""
+    a, b = _checked(output_dir=str(tmp_path)), _checked(output_dir=str(tmp_path))
+    train, ev = a.train_data, a.eval_data
+    held = {r["prompt"] for r in ev.rows}
+    assert len(ev) == 64 and len(held) == 55
+    assert not held & {r["prompt"] for r in train.rows}
+    assert (len(train), train.held_out, len({r["prompt"] for r in train.rows})) == (1429, 571, 145)
+    assert a.notes == ["571 of 2000 training rows left out: their prompt is an evaluation prompt "
+                       "(--no-exclude-eval-prompts keeps them)"]
+    assert train.fingerprint == b.train_data.fingerprint  # the same rows on every start
+    kept = _checked(output_dir=str(tmp_path), exclude_eval_prompts=False)
+    assert (len(kept.train_data), kept.train_data.held_out, kept.notes) == (2000, 0, [])
 
 
 def test_default_task_evaluates_at_start_interval_and_end(tiny_model_dir, tmp_path):

@@ -37,7 +37,10 @@ def test_every_estimator_runs_two_steps_from_its_recipe(name, tiny_model_dir, pr
 def test_run_directory_and_final_model(tiny_model_dir, prompts_file, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    code, out = run_train(tiny_args(tiny_model_dir, prompts_file, tmp_path, "--eval-data", str(prompts_file),
+    held_out = tmp_path / "eval" / "prompts.jsonl"  # two of the eight training prompts
+    held_out.parent.mkdir()
+    held_out.write_text("".join(prompts_file.read_text().splitlines(keepends=True)[:2]))
+    code, out = run_train(tiny_args(tiny_model_dir, prompts_file, tmp_path, "--eval-data", str(held_out),
                                     "--eval-interval", "2", "--eval-max-prompts", "2", "--use-kl-loss",
                                     "--kl-loss-coef", "0.01", "--kl-loss-type", "low_var_kl"))
     assert code == 0, out
@@ -46,6 +49,8 @@ def test_run_directory_and_final_model(tiny_model_dir, prompts_file, tmp_path):
     assert cfg["model"] == str(tiny_model_dir) and cfg["kl_loss_type"] == "low_var_kl"
     info = json.loads((run / "run_info.json").read_text())
     assert "relax-grpo" in info["plugins"] and info["old_log_probs"] == "detach(current)"
+    assert info["train_data"] == {"name": "prompts", "rows": 6, "skipped_rows": 0, "eval_prompt_rows_left_out": 2}
+    assert "2 of 8 training rows left out: their prompt is an evaluation prompt" in out
     recs = read_metrics(run)
     assert [r["step"] for r in recs] == [0, 1, 2]  # step 0 = evaluation before training
     assert "eval/prompts/pass@1" in recs[0] and "eval/prompts/reward_mean" in recs[-1]
