@@ -119,3 +119,23 @@ def test_bad_input_one_line_exit_2(args, message, tiny_model_dir, prompts_file, 
     assert code == 2, out
     lines = [x for x in out.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("relax eval: error: ") and message in lines[0], out
+
+
+def test_a_run_directory_final_and_its_checkpoints(tiny_model_dir, prompts_file, tmp_path):
+    from conftest import run_train, tiny_args
+
+    code, out = run_train(tiny_args(tiny_model_dir, prompts_file, tmp_path, "--save-interval", "1", "--lr", "5e-2"))
+    assert code == 0, out
+    run = tmp_path / "run"
+    responses = {}
+    for extra, where in (([], "final"), (["--checkpoint", "2"], "step_000002"), (["--checkpoint", "step_000001"],
+                                                                                "step_000001")):
+        code, out = run_eval([str(run), "--eval-data", f"p={prompts_file}", *SCORER, "--max-prompts", "4",
+                              "--eval-max-response-len", "8", *extra])
+        assert code == 0, out
+        assert json.loads((run / "eval" / where / "eval.json").read_text())["target"] == f"run/{where}"
+        samples = (run / "eval" / where / "eval_samples.jsonl").read_text().splitlines()
+        responses[where] = [json.loads(x)["response"] for x in samples]
+    # the final model is the trainer's weights after step 2: the step-2 checkpoint's, loaded over the base model
+    assert responses["final"] == responses["step_000002"]
+    assert responses["step_000002"] != responses["step_000001"]  # the checkpoint's weights were loaded (lr 5e-2 moves them)
