@@ -329,14 +329,17 @@ def eval_(
     settings = EvalSettings(n_samples=n_samples, pass_k=tuple(pass_k), temperature=temperature, top_p=top_p,
                             max_response_len=max_response_len, max_prompts=max_prompts, seed=seed)
     try:
-        checked = prepare(target, eval_data=eval_data, checkpoint=checkpoint, settings=settings, reward=reward,
-                          custom_rm_path=custom_rm_path, reg=reg)
+        evaluated, sets, scorer, warnings = prepare(target, eval_data=eval_data, checkpoint=checkpoint,
+                                                    settings=settings, reward=reward, custom_rm_path=custom_rm_path,
+                                                    reg=reg)
     except BadInput as e:
         for p in e.problems:
             typer.echo(f"relax eval: error: {p}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
+    for w in warnings:
+        typer.echo(f"relax eval: warning: {w}", err=True)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    report, out_dir = run_eval(*checked, settings, reg, out)
+    report, out_dir = run_eval(evaluated, sets, scorer, settings, reg, out)
     Console(highlight=False).print(report_table(report))
     typer.echo(f"wrote {out_dir / 'eval.json'} and {out_dir / 'eval_samples.jsonl'}")
 

@@ -262,15 +262,17 @@ def _out_dir(target: Target, out: str | None) -> Path:
 
 
 def prepare(target_arg: str, *, eval_data: list[str], checkpoint: str | None, settings: EvalSettings,
-            reward: str | None, custom_rm_path: str | None, reg: Any) -> tuple[Target, list[EvalSet], Any]:
-    """Everything checked before a model loads: the target, the settings, the scorer and
-    the data.  Returns ``(target, sets, scorer)``.
+            reward: str | None, custom_rm_path: str | None, reg: Any) -> tuple[Target, list[EvalSet], Any, list[str]]:
+    """Everything checked before a model loads: the target, the settings, the scorer, the
+    data, and that a correct label scores (:func:`relax_core.reward_check.label_check`, as
+    ``relax train`` checks).  Returns ``(target, sets, scorer, warnings to show)``.
 
     Raises:
         BadInput: one line per problem.
     """
     import dataclasses
 
+    from relax_core.reward_check import label_check
     from relax_core.rewarding import RewardSetupError, resolve_scorer
 
     target = resolve_target(target_arg, checkpoint, reg.param_schemas())
@@ -297,7 +299,11 @@ def prepare(target_arg: str, *, eval_data: list[str], checkpoint: str | None, se
     except RewardSetupError as e:
         raise BadInput(str(e)) from None
     target.cfg = cfg
-    return target, load_sets(sources, cfg, reg, scorer), scorer
+    sets = load_sets(sources, cfg, reg, scorer)
+    problems, warnings = label_check(scorer, [(f"--eval-data {s.name}", s.data) for s in sets], cfg)
+    if problems:
+        raise BadInput(problems)
+    return target, sets, scorer, warnings
 
 
 def run_eval(target: Target, sets: list[EvalSet], scorer: Any, settings: EvalSettings, reg: Any,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import run_train, tiny_args
 from relax_e2e_scorers import vowel_fraction
 
 SCORER = ["--custom-rm-path", "relax_e2e_scorers:vowel_fraction"]
@@ -122,8 +123,6 @@ def test_bad_input_one_line_exit_2(args, message, tiny_model_dir, prompts_file, 
 
 
 def test_a_run_directory_final_and_its_checkpoints(tiny_model_dir, prompts_file, tmp_path):
-    from conftest import run_train, tiny_args
-
     code, out = run_train(tiny_args(tiny_model_dir, prompts_file, tmp_path, "--save-interval", "1", "--lr", "5e-2"))
     assert code == 0, out
     run = tmp_path / "run"
@@ -139,3 +138,10 @@ def test_a_run_directory_final_and_its_checkpoints(tiny_model_dir, prompts_file,
     # the final model is the trainer's weights after step 2: the step-2 checkpoint's, loaded over the base model
     assert responses["final"] == responses["step_000002"]
     assert responses["step_000002"] != responses["step_000001"]  # the checkpoint's weights were loaded (lr 5e-2 moves them)
+
+
+def test_a_scorer_that_fails_its_own_labels_is_refused_before_the_model_loads(tiny_model_dir, prompts_file):
+    # relax train's label check: the correct label as the response must score; a constant 0 does not
+    code, out = run_eval([str(tiny_model_dir), "--eval-data", f"p={prompts_file}",
+                          "--custom-rm-path", "relax_e2e_scorers:always_zero"])
+    assert code == 2 and "relax eval: error: " in out and "a correct answer cannot score" in out, out
