@@ -285,6 +285,67 @@ def capabilities(
             console.print(table)
 
 
+# --------------------------------------------------------------------------- eval
+
+
+@app.command("eval")
+def eval_(
+    target: str = typer.Argument(..., metavar="MODEL_OR_RUN",
+                                 help="A run directory (its final/ model), a checkpoint directory, a Hugging Face "
+                                      "model directory or a model name."),
+    eval_data: list[str] = typer.Option([], "--eval-data", help="NAME=SOURCE (repeatable): an evaluation set in "
+                                        "any --data format; default: the run's evaluation data (or the default "
+                                        "task's)."),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="With a run directory: evaluate step_N "
+                                             "of its checkpoints instead of final/."),
+    n_samples: int = typer.Option(0, "--n-samples", "--eval-n-samples", min=0,
+                                  help="Samples per prompt besides the greedy one (0: greedy pass@1 only)."),
+    pass_k: list[int] = typer.Option([], "--pass-k", help="k of pass@k and maj@k (repeatable, <= --n-samples; "
+                                     "default: 1 and --n-samples)."),
+    temperature: float = typer.Option(1.0, "--eval-temperature", min=0.0, help="Temperature of the --n-samples samples."),
+    top_p: float = typer.Option(1.0, "--eval-top-p", max=1.0,
+                                help="Nucleus p of the --n-samples samples."),
+    max_response_len: Optional[int] = typer.Option(None, "--eval-max-response-len", min=1,
+                                                   help="Max new tokens per response (default: the run's "
+                                                        "--rollout-max-response-len)."),
+    max_prompts: Optional[int] = typer.Option(None, "--max-prompts", min=1, help="At most this many prompts per "
+                                              "set, the first ones (default: all)."),
+    seed: int = typer.Option(0, "--seed", min=0, help="Seed of the --n-samples samples."),
+    reward: Optional[str] = typer.Option(None, "--reward", help="Scorer for every set (default: the run's "
+                                         "--reward, else each data source's)."),
+    custom_rm_path: Optional[str] = typer.Option(None, "--custom-rm-path", help="pkg.module:function scorer "
+                                                 "(runs that code with your rights)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Directory of eval.json and eval_samples.jsonl "
+                                      "(default: <run>/eval/<final or step_N>, else ./eval-<model>)."),
+) -> None:
+    """Score a model, checkpoint or run on evaluation sets: greedy pass@1, and with
+    --n-samples mean accuracy, pass@k and maj@k, each with a 95% interval over prompts."""
+    import os
+
+    from rich.console import Console
+
+    from relax_core.eval_run import EvalSettings, prepare, report_table, run_eval
+    from relax_core.launch import BadInput
+
+    reg = _registry()
+    settings = EvalSettings(n_samples=n_samples, pass_k=tuple(pass_k), temperature=temperature, top_p=top_p,
+                            max_response_len=max_response_len, max_prompts=max_prompts, seed=seed)
+    try:
+        evaluated, sets, scorer, warnings = prepare(target, eval_data=eval_data, checkpoint=checkpoint,
+                                                    settings=settings, reward=reward, custom_rm_path=custom_rm_path,
+                                                    reg=reg)
+    except BadInput as e:
+        for p in e.problems:
+            typer.echo(f"relax eval: error: {p}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    for w in warnings:
+        typer.echo(f"relax eval: warning: {w}", err=True)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    report, out_dir = run_eval(evaluated, sets, scorer, settings, reg, out)
+    Console(highlight=False).print(report_table(report))
+    typer.echo(f"wrote {out_dir / 'eval.json'} and {out_dir / 'eval_samples.jsonl'}")
+
+
 # --------------------------------------------------------------------------- plot
 
 

@@ -70,7 +70,7 @@ def holds_run(run_dir: Path, ckpt_dir: Path) -> list[str]:
     return found
 
 
-def _saved_values(saved: dict, schemas: Mapping[str, type]) -> tuple[dict, list[str]]:
+def saved_values(saved: dict, schemas: Mapping[str, type]) -> tuple[dict, list[str]]:
     """config.json as ``build_config`` YAML values; keys this version does not know are
     dropped and named."""
     core = {f.name for f in config_fields()}
@@ -176,7 +176,7 @@ def resume_config(cfg: RunConfig, *, cli: Mapping[str, Any], yaml_values: Mappin
     except (OSError, ValueError) as e:
         raise ConfigError([f"--resume: cannot read {config_path} ({type(e).__name__}: {e}); it is the base "
                            "configuration of a resumed run"]) from None
-    values, dropped = _saved_values(saved, param_schemas)
+    values, dropped = saved_values(saved, param_schemas)
     try:
         base = build_config(yaml_values=values, param_schemas=param_schemas, yaml_source=str(config_path))
     except ConfigError as e:

@@ -43,12 +43,9 @@ import torch
 from relax_core.batch import Batch
 from relax_core.contracts import RewardBatch, SamplingParams
 from relax_core.data import DataCursor, Dataset, encode_prompts
+from relax_core.evaluation import sample_metrics
 from relax_core.numerics import ZERO_STD_TOL, group_stats
 from relax_core.rewarding import apply_processors, mean_over_rounds
-
-#: A sample counts as correct for pass@1 when its reward is at least this.
-CORRECT_REWARD = 1.0 - 1e-6
-
 
 def sampling_seed(seed: int, step: int, round_: int = 0) -> int:
     """Per-step generation seed, so a resumed run samples exactly what the original did."""
@@ -323,18 +320,23 @@ class Rollout:
         return batch, metrics
 
     def evaluate(self, eval_data: Dataset, step: int) -> dict[str, float]:
-        """``eval/<name>/reward_mean`` and ``eval/<name>/pass@1`` on the first
+        """``eval/<name>/reward_mean``, ``eval/<name>/pass@1`` (the mean accuracy, an
+        unbiased pass@1) and ``eval/<name>/response_len/mean`` on the first
         ``--eval-max-prompts`` evaluation prompts, ``--n-samples-per-eval-prompt`` each,
-        with a fixed seed (comparable across steps)."""
+        with a fixed seed (comparable across steps); the metrics of
+        :func:`relax_core.evaluation.sample_metrics`, as ``relax eval`` computes them."""
         idx = list(range(min(len(eval_data), self.cfg.eval_max_prompts)))
         t0 = time.monotonic()
         batch = self.generate(eval_data.rows, idx, self.cfg.n_samples_per_eval_prompt,
                               self.sampling(sampling_seed(self.cfg.seed, 0, 999)), 0)
-        r = self.score(batch)[0].rewards
+        n = self.cfg.n_samples_per_eval_prompt
+        shape = (len(idx), n)  # generate() repeats each prompt n times in a row
+        m = sample_metrics(self.score(batch)[0].rewards.view(shape), batch.response_lengths.view(shape),
+                           batch.truncated.view(shape))
         name = f"eval/{eval_data.name}"
-        return {f"{name}/reward_mean": float(torch.nan_to_num(r, nan=0.0).mean()),
-                f"{name}/pass@1": float((r >= CORRECT_REWARD).float().mean()),
-                f"{name}/response_len/mean": float(batch.response_lengths.float().mean()),
+        return {f"{name}/reward_mean": m["reward_mean"].mean,
+                f"{name}/pass@1": m["accuracy"].mean,
+                f"{name}/response_len/mean": m["response_len"].mean,
                 "perf/eval_time": time.monotonic() - t0}
 
 

@@ -18,3 +18,8 @@ def brevity(response: str, label, metadata) -> float:
 def prompt_length(response: str, label, metadata) -> float:
     """Length of the prompt text the scorer was given (``metadata["prompt"]``), -1 without one."""
     return float(len(metadata["prompt"])) if "prompt" in metadata else -1.0
+
+
+def always_zero(response: str, label, metadata) -> float:
+    """0 for every response, the correct label included (a scorer the label check refuses)."""
+    return 0.0
