@@ -181,7 +181,14 @@ class Publisher:
 
     def restore(self, state: dict, weights: dict | None, trainer_step: int) -> None:
         """Give the engine the weights it held when the checkpoint was written: the
-        saved copy (``weights``), the trainer's own when it held those, or none (version 0)."""
+        saved copy (``weights``), the trainer's own when it held those, or none (version 0).
+
+        Posting (fully async), the trainer's weights are posted again when a post was due
+        since the version the engine held (the crash lost the posted copy): without it the
+        rollout thread would wait for a version that only the next trained step, which waits
+        for that thread's batch, would post.  They are the trainer's weights of
+        ``trainer_step``, newer than the lost post when ``trainer_step`` is not a multiple of
+        the interval (fresher samples; the staleness bound holds)."""
         held = int(state.get("held", trainer_step))
         if weights is not None:
             self.push(weights, held)
@@ -189,6 +196,8 @@ class Publisher:
             self.push(self.state_dict(), held)
         self.held = held
         self._posted = None
+        if self.post and trainer_step - trainer_step % self.interval > held:
+            self._posted = (self.state_dict(), trainer_step)
 
 
 def _cpu_copy(weights: Any) -> Any:
