@@ -4,14 +4,16 @@ Read from the run directory alone (``metrics.jsonl`` and the files next to it), 
 same for a fresh, a resumed or an interrupted run::
 
     relax: done: 20 of 20 steps in 4:18
-      reward            0.188 → 0.438   (mean of the first quarter 0.52 → last quarter 0.44)
-      held-out chain_sum pass@1   21% (step 0) → best 54% (step 10) → last 42% (step 20)
-      metrics           runs/grpo-…/metrics.jsonl
-      samples           runs/grpo-…/samples.jsonl
-      checkpoint        runs/grpo-…/checkpoints/step_000020
-      final model       runs/grpo-…/final
-      plot              relax plot runs/grpo-…
-      size on disk      2.1 GB
+      reward              0.188 → 0.438   (first-quarter mean 0.520 → last 0.440)
+      held-out chain_sum  pass@1 21% → best 54% → last 42% (steps 0, 10, 20)
+      metrics             runs/grpo-…/metrics.jsonl
+      samples             runs/grpo-…/samples.jsonl
+      checkpoint          runs/grpo-…/checkpoints/step_000020
+      final model         runs/grpo-…/final
+      plot                relax plot runs/grpo-…
+      size on disk        2.1 GB
+
+Its fixed lines fit an 80-column terminal (file paths are as long as they are).
 """
 
 from __future__ import annotations
@@ -67,15 +69,15 @@ def summary_lines(run_dir: Path, *, total: int, wall_s: float, ckpt_dir: Path | 
     reward = [v for _, v in _values(steps, REWARD)]
     if reward:
         q = max(1, len(reward) // 4)
-        rows.append(("reward", f"{reward[0]:.3f} → {reward[-1]:.3f}   (mean of the first quarter "
-                               f"{_mean(reward[:q]):.3f} → last quarter {_mean(reward[-q:]):.3f})"))
+        rows.append(("reward", f"{reward[0]:.3f} → {reward[-1]:.3f}   (first-quarter mean {_mean(reward[:q]):.3f}"
+                               f" → last {_mean(reward[-q:]):.3f})"))
     eval_keys = sorted({k for r in records for k in r if k.startswith("eval/") and k.endswith("/pass@1")})
     for key in eval_keys:
         vals = _values(records, key)
         best = max(vals, key=lambda sv: sv[1])
         name = key[len("eval/"):-len("/pass@1")]
-        rows.append((f"held-out {name}", f"pass@1 {vals[0][1]:.0%} (step {vals[0][0]}) → best {best[1]:.0%} "
-                                         f"(step {best[0]}) → last {vals[-1][1]:.0%} (step {vals[-1][0]})"))
+        rows.append((f"held-out {name}", f"pass@1 {vals[0][1]:.0%} → best {best[1]:.0%} → last {vals[-1][1]:.0%} "
+                                         f"(steps {vals[0][0]}, {best[0]}, {vals[-1][0]})"))
     for label, path in (("metrics", run_dir / "metrics.jsonl"), ("samples", run_dir / "samples.jsonl")):
         if path.is_file():
             rows.append((label, str(path)))

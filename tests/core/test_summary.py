@@ -30,13 +30,20 @@ def test_summary_of_a_finished_run(tmp_path):
     lines = summary_lines(run, total=8, wall_s=258.0)
     text = "\n".join(re.sub(r" {2,}", "  ", line) for line in lines)
     assert lines[0] == "relax: done: 8 of 8 steps in 4:18"
-    assert "reward  0.100 → 0.800  (mean of the first quarter 0.150 → last quarter 0.750)" in text
-    assert "held-out chain_sum  pass@1 21% (step 0) → best 54% (step 4) → last 42% (step 8)" in text
+    assert "reward  0.100 → 0.800  (first-quarter mean 0.150 → last 0.750)" in text
+    assert "held-out chain_sum  pass@1 21% → best 54% → last 42% (steps 0, 4, 8)" in text
     for label, path in (("metrics", run / "metrics.jsonl"), ("samples", run / "samples.jsonl"),
                         ("checkpoint", run / "checkpoints" / "step_000008"), ("final model", run / "final")):
         assert any(line.split()[0] == label.split()[0] and line.endswith(str(path)) for line in lines), (label, text)
     assert any(line.strip().startswith("plot") and line.endswith(f"relax plot {run}") for line in lines), text
     assert any(line.strip().startswith("size on disk") and line.endswith(" kB") for line in lines), text
+
+
+def test_summary_lines_other_than_paths_fit_80_columns(tmp_path):
+    """An 80-column terminal shows each figure line whole (they were 86-94 wide)."""
+    lines = summary_lines(_run(tmp_path, n=20), total=20, wall_s=3600.0)
+    figures = [x for x in lines if x.split()[0] in ("relax:", "reward", "held-out", "size")]
+    assert len(figures) == 4 and max(map(len, figures)) <= 80, figures
 
 
 def test_summary_of_an_interrupted_run_says_stopped(tmp_path):

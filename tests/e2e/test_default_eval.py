@@ -58,6 +58,6 @@ def test_default_task_evaluates_at_start_interval_and_end(tiny_model_dir, tmp_pa
     recs = read_metrics(tmp_path / "run")
     evaluated = [r["step"] for r in recs if "eval/chain_sum/pass@1" in r]
     assert evaluated == [0, 2, 3]
-    assert re.search(r"held-out chain_sum +pass@1 \d+% \(step 0\) → best \d+% \(step \d\) → last \d+% \(step 3\)", out), out
+    assert re.search(r"held-out chain_sum +pass@1 \d+% → best \d+% → last \d+% \(steps 0, \d, 3\)", out), out
     assert "held-out evaluation before step 1: " in out
     assert "eval/chain_sum/pass@1" in default_metrics(load_runs([tmp_path / "run"]))
