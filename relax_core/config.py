@@ -71,6 +71,9 @@ class RunConfig:
     eval_interval: int = opt(10, "Evaluate before the first step, every N steps and after the last (0 = never).", ge=0, group="eval")
     n_samples_per_eval_prompt: int = opt(2, "Samples per evaluation prompt.", ge=1, group="eval")
     eval_max_prompts: int = opt(64, "At most this many evaluation prompts.", ge=1, group="eval")
+    eval_temperature: float | None = opt(None, "Evaluation sampling temperature (0: greedy; default --rollout-temperature).", ge=0, group="eval")
+    eval_top_p: float | None = opt(None, "Evaluation nucleus sampling p (default --rollout-top-p).", gt=0, le=1, group="eval")
+    eval_max_response_len: int | None = opt(None, "Max new tokens per evaluation response (default --rollout-max-response-len).", ge=1, group="eval")
     exclude_eval_prompts: bool = opt(True, "Drop the training rows whose prompt is one of the evaluation prompts, so that evaluation is on prompts the run never trains on (--no-exclude-eval-prompts keeps them).", group="eval")
 
     # ---- batch shape and schedule

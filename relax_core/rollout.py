@@ -31,6 +31,7 @@ every sample's staleness is at most ``s`` for any interval ``u`` (validation req
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import queue
 import threading
@@ -332,12 +333,19 @@ class Rollout:
         """``eval/<name>/reward_mean``, ``eval/<name>/pass@1`` (the mean accuracy, an
         unbiased pass@1) and ``eval/<name>/response_len/mean`` on the first
         ``--eval-max-prompts`` evaluation prompts, ``--n-samples-per-eval-prompt`` each,
-        with a fixed seed (comparable across steps); the metrics of
+        with a fixed seed (comparable across steps) and the evaluation's own sampling
+        (``--eval-temperature``, ``--eval-top-p``, ``--eval-max-response-len``, each
+        defaulting to its ``--rollout-*`` counterpart); the metrics of
         :func:`relax_core.evaluation.sample_metrics`, as ``relax eval`` computes them."""
-        idx = list(range(min(len(eval_data), self.cfg.eval_max_prompts)))
+        cfg = self.cfg
+        idx = list(range(min(len(eval_data), cfg.eval_max_prompts)))
         t0 = time.monotonic()
-        batch = self.generate(eval_data.rows, idx, self.cfg.n_samples_per_eval_prompt,
-                              self.sampling(sampling_seed(self.cfg.seed, 0, 999)), 0)
+        train = self.sampling(sampling_seed(cfg.seed, 0, 999))
+        sampling = dataclasses.replace(
+            train, temperature=train.temperature if cfg.eval_temperature is None else cfg.eval_temperature,
+            top_p=train.top_p if cfg.eval_top_p is None else cfg.eval_top_p,
+            max_new_tokens=cfg.eval_max_response_len or train.max_new_tokens)
+        batch = self.generate(eval_data.rows, idx, cfg.n_samples_per_eval_prompt, sampling, 0)
         n = self.cfg.n_samples_per_eval_prompt
         shape = (len(idx), n)  # generate() repeats each prompt n times in a row
         m = sample_metrics(self.score(batch)[0].rewards.view(shape), batch.response_lengths.view(shape),

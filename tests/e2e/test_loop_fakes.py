@@ -353,3 +353,29 @@ def test_the_async_source_checkpoints_the_cursor_of_the_last_batch_trained(tmp_p
     for step in (1, 2, 3):
         state = json.loads((ckpts / f"step_{step:06d}" / "trainer_state.json").read_text())
         assert state["cursor"]["position"] == 2 * step and state["data"] == tr.source.rollout.data.fingerprint
+
+
+def test_evaluation_samples_with_its_own_settings(tmp_path, monkeypatch):
+    """--eval-temperature / --eval-top-p / --eval-max-response-len apply to the evaluation
+    only; unset, each is its --rollout-* counterpart (issue 23 §1)."""
+    seen = []
+
+    def spying(tr):
+        real = tr.source.rollout.generate
+
+        def spy(rows, indices, n, sampling, group_offset):
+            seen.append((sampling.temperature, sampling.top_p, sampling.max_new_tokens, n))
+            return real(rows, indices, n, sampling, group_offset)
+
+        monkeypatch.setattr(tr.source.rollout, "generate", spy)
+        return tr
+
+    tr = spying(make_trainer(tmp_path / "a", rollout_temperature=0.9, rollout_top_p=0.8, eval_temperature=0.0,
+                             eval_top_p=0.5, eval_max_response_len=3, n_samples_per_eval_prompt=2)[0])
+    tr.source.rollout.evaluate(tr.source.rollout.data, 0)
+    tr.source.rollout.produce(1)  # a training batch
+    assert seen == [(0.0, 0.5, 3, 2), (0.9, 0.8, 6, 4)]
+    seen.clear()
+    tr = spying(make_trainer(tmp_path / "b", rollout_temperature=0.9, rollout_top_p=0.8)[0])
+    tr.source.rollout.evaluate(tr.source.rollout.data, 0)
+    assert seen == [(0.9, 0.8, 6, 2)]
