@@ -303,7 +303,32 @@ def prepare(target_arg: str, *, eval_data: list[str], checkpoint: str | None, se
     problems, warnings = label_check(scorer, [(f"--eval-data {s.name}", s.data) for s in sets], cfg)
     if problems:
         raise BadInput(problems)
-    return target, sets, scorer, warnings
+    return target, sets, scorer, warnings + overlap_warnings(target, sets, reg)
+
+
+def overlap_warnings(target: Target, sets: list[EvalSet], reg: Any) -> list[str]:
+    """For a run directory: one warning per evaluation set whose prompts occur among the
+    rows the run trained on (its ``--data``, less its own evaluation prompts when it ran with
+    ``--exclude-eval-prompts``): those prompts do not measure held-out accuracy."""
+    if target.run_dir is None:
+        return []
+    from relax_core.data import DataError, exclude_eval_prompts, load_dataset
+
+    cfg = target.cfg
+    try:
+        train = load_dataset(cfg.data, cfg, reg)
+        if cfg.exclude_eval_prompts and cfg.eval_source:
+            train = exclude_eval_prompts(train, load_dataset(cfg.eval_source, cfg, reg))
+    except DataError as e:
+        return [f"the run's training data could not be read to check the evaluation sets against it ({e})"]
+    trained = {row["prompt"] for row in train.rows}
+    out = []
+    for s in sets:
+        n = sum(row["prompt"] in trained for row in s.data.rows)
+        if n:
+            out.append(f"--eval-data {s.name}: {n} of its {len(s.data)} prompts are among the run's training rows "
+                       f"(--data {cfg.data}): they do not measure held-out accuracy")
+    return out
 
 
 def run_eval(target: Target, sets: list[EvalSet], scorer: Any, settings: EvalSettings, reg: Any,

@@ -132,12 +132,19 @@ def test_a_run_directory_final_and_its_checkpoints(tiny_model_dir, prompts_file,
         code, out = run_eval([str(run), "--eval-data", f"p={prompts_file}", *SCORER, "--max-prompts", "4",
                               "--eval-max-response-len", "8", *extra])
         assert code == 0, out
+        # the set is the run's own training file: said, not refused
+        assert f"--eval-data p: 8 of its 8 prompts are among the run's training rows (--data {prompts_file})" in \
+            " ".join(out.split()), out
         assert json.loads((run / "eval" / where / "eval.json").read_text())["target"] == f"run/{where}"
         samples = (run / "eval" / where / "eval_samples.jsonl").read_text().splitlines()
         responses[where] = [json.loads(x)["response"] for x in samples]
     # the final model is the trainer's weights after step 2: the step-2 checkpoint's, loaded over the base model
     assert responses["final"] == responses["step_000002"]
     assert responses["step_000002"] != responses["step_000001"]  # the checkpoint's weights were loaded (lr 5e-2 moves them)
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps({"prompt": f"What is {i} - 1?", "label": str(i - 1)}) + "\n" for i in range(4)))
+    code, out = run_eval([str(run), "--eval-data", f"o={other}", *SCORER, "--eval-max-response-len", "8"])
+    assert code == 0 and "training rows" not in out, out
 
 
 def test_a_scorer_that_fails_its_own_labels_is_refused_before_the_model_loads(tiny_model_dir, prompts_file):
