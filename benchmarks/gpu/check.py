@@ -93,7 +93,7 @@ PEAK_BF16_FLOPS = 989e12
 #: 1.99 s step time would be 16.5 k tokens/s (how that run timed them is not in the result;
 #: prime-rl's current ``rl/train.py`` divides tokens by the forward-backward time); the check
 #: compares with the published tokens/s as it stands and times its own over the whole
-#: ``train_step`` (forward, backward, AdamW).
+#: optimizer step (forward, backward, AdamW).
 PRIME_RL_ANCHOR = dict(tokens_per_s=11896.0, mfu_pct=11.08, step_s=1.99, peak_gib=12.53, seq_len=16384,
                        sequences_per_step=2, checkpointing=True, gpu="NVIDIA H100 80GB HBM3")
 
@@ -236,10 +236,12 @@ def flops_per_token(config: dict, seq_len: int) -> float:
 
 
 def grpo_step(backend, batch, cfg):
-    """``() -> metrics``: one ``train_step`` of ``backend`` on ``batch`` with the trainer's
-    GRPO actor loss (:class:`relax_core.loss.ActorLoss`, a fresh one per step as the
-    trainer builds it; one update per rollout, old log-probs = detach(current))."""
+    """``() -> StepResult``: one optimizer step (:func:`relax_core.optimizer.optimizer_step`,
+    as the trainer runs it) of ``backend`` on ``batch`` with the trainer's GRPO actor loss
+    (:class:`relax_core.loss.ActorLoss`, a fresh one per step as the trainer builds it; one
+    update per rollout, old log-probs = detach(current))."""
     from relax_core.loss import ActorLoss, LossSettings, global_denominators
+    from relax_core.optimizer import OptimizerSettings, optimizer_step
     from relax_core.plugins import default_registry
 
     spec = default_registry().get("estimator", "grpo").spec
@@ -247,8 +249,9 @@ def grpo_step(backend, batch, cfg):
     est = spec.build(params, cfg)
     settings = LossSettings.from_config(cfg, spec.capabilities_for(params).policy_loss_kind)
     tokens, samples = global_denominators(batch.loss_mask)
-    return lambda: backend.train_step(batch, ActorLoss(est, [], settings, num_tokens=tokens, num_samples=samples,
-                                                       old_from_current=True))
+    optim = OptimizerSettings.from_config(cfg)
+    return lambda: optimizer_step(backend, batch, ActorLoss(est, [], settings, num_tokens=tokens, num_samples=samples,
+                                                            old_from_current=True), role="actor", settings=optim)
 
 
 def _batch(n: int, seq_len: int, vocab: int, seed: int = 0):
@@ -469,7 +472,7 @@ def report(r: dict, sizes: Sizes) -> str:
               f"peak {a['peak_gib']} GiB (github.com/PrimeIntellect-ai/prime-rl, benchmarks/baselines/ and "
               "benchmarks/results/BENCHMARKS.md).  The comparable row is 16384 tokens with checkpointing on.  "
               "prime-rl's two timings do not reconcile (32768 tokens / 1.99 s would be 16.5 k tokens/s); the "
-              "ratio is against its published tokens/s, and here tokens/s is over the whole train_step.  "
+              "ratio is against its published tokens/s, and here tokens/s is over the whole optimizer step.  "
               "An H200 has the H100's compute (989 TFLOP/s dense bf16) and 1.4× its memory bandwidth: at this "
               "arithmetic intensity the step is compute-bound, so an H200 is expected within about 10 % of an "
               "H100 here; the ratio above is H200 against H100, not like for like.  Relax's torch backend "

@@ -59,5 +59,5 @@ def test_dry_run_through_the_cli():
 
     res = CliRunner().invoke(app, ["train", "--config", str(RECIPES / "grpo.yaml"), "--dry-run"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)  # the notes go to stderr
     assert out["valid"] and out["config"]["advantage_estimator"] == "grpo"

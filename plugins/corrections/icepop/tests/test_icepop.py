@@ -123,7 +123,7 @@ def test_cli_both_selected_conflict_and_each_alone_valid():
     assert res.exit_code == 0, res.output
     import json
 
-    params = json.loads(res.output)["config"]["plugin_params"]
+    params = json.loads(res.stdout)["config"]["plugin_params"]
     assert params["icepop"]["clip_low"] == 0.5 and params["tis"]["clip_low"] == 0.0
     res = CliRunner().invoke(app, ["train", "--dry-run", "--correction", "icepop", "--use-rollout-logprobs"])
     assert res.exit_code == 2 and "correction 'icepop'" in res.output and "--use-rollout-logprobs" in res.output
