@@ -157,10 +157,12 @@ def _parallel(flag: str, what: str, field: str) -> Callable[[Context, Any], str 
     return check
 
 
-#: Run options that only some estimators read (the PPO-clip block and reward-side KL): a
-#: non-default value with an estimator that does not list it in ``uses_options`` is refused,
-#: never silently ignored.
-SCOPED_OPTIONS = ("eps_clip", "eps_clip_high", "eps_clip_c", "kl_coef")
+#: Run options that only some estimators read (reward-side KL, which the loop also reads for
+#: the reference model): a non-default value with an estimator that does not list it in
+#: ``uses_options`` is refused, never silently ignored.  (The PPO-clip options are a parameter
+#: block, :class:`relax_core.specs.PPOClipParams`, refused by the generic rule for plugin
+#: parameters that no selected component reads: :func:`relax_core.validation.unread_parameters`.)
+SCOPED_OPTIONS = ("kl_coef",)
 
 
 def _unused_options(ctx: Context, caps: Any) -> str | None:
@@ -258,9 +260,9 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(E, "forbids_per_token_loss", "no per-token loss", "Uses a per-sample reduction; refuses --calculate-per-token-loss.",
                lambda ctx, c: "uses a per-sample mean reduction; --calculate-per-token-loss is not supported" if c.forbids_per_token_loss and ctx.cfg.calculate_per_token_loss else None,
                "remove --calculate-per-token-loss"),
-    Capability(E, "uses_options", "options", "Which options of the PPO-clip block (--eps-clip, --eps-clip-high, --eps-clip-c) and reward-side --kl-coef it reads; any other one set is refused.",
+    Capability(E, "uses_options", "options", "Whether it reads the reward-side --kl-coef (refused when set otherwise).",
                _unused_options,
-               "drop those flags (or set them to their defaults); for a KL penalty without reward-side KL use --use-kl-loss --kl-loss-coef C"),
+               "drop --kl-coef (or set it to 0); for a KL penalty without reward-side KL use --use-kl-loss --kl-loss-coef C"),
     Capability(E, "requires_reward_side_kl", "needs reward KL", "Needs --kl-coef > 0 (KL shaped into the reward).",
                lambda ctx, c: "requires --kl-coef > 0 (KL is part of its shaped reward)" if c.requires_reward_side_kl and not ctx.cfg.kl_coef > 0 else None,
                "set --kl-coef, e.g. --kl-coef 0.01", satisfy=lambda c: {"kl_coef": 0.01} if c.requires_reward_side_kl else {}),

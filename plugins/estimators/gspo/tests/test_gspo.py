@@ -49,7 +49,7 @@ def test_gradient_matches_formula_random():
     lp = (old + 0.3 * torch.randn(B, T, generator=g)).requires_grad_(True)
     A = torch.randn(B, generator=g)[:, None].expand(B, T).contiguous()
     m = torch.arange(T)[None, :] < torch.tensor([5, 3, 0, 1, 4, 2])[:, None]  # sample 2 empty
-    out = _build(RunConfig(eps_clip=0.1, eps_clip_high=0.15)).policy_loss(PolicyLossInput(log_probs=lp, old_log_probs=old, advantages=A, loss_mask=m))
+    out = _build(eps_clip=0.1, eps_clip_high=0.15).policy_loss(PolicyLossInput(log_probs=lp, old_log_probs=old, advantages=A, loss_mask=m))
     out.loss.sum().backward()
     n = m.sum(-1).clamp(min=1)
     s = torch.exp(torch.where(m, lp.detach() - old, 0.0).sum(-1) / n)  # [B]
