@@ -136,7 +136,7 @@ class RelaxStage:
             cspec = reg.get("correction", c).spec
             low, high = (TIS_LOW, TIS_HIGH) if c == "tis" else (ICE_LOW, ICE_HIGH)
             self.corrections.append(cspec.build(cspec.params(clip_low=low, clip=high), self.cfg))
-        self.settings = LossSettings.from_config(self.cfg, spec.capabilities_for(params).policy_loss_kind)
+        self.settings = LossSettings.from_config(self.cfg, spec.capabilities_for(params).behaviour_numerator)
         self.needs = (est == "reinforce_plus_plus", est == "ppo")
 
     def __call__(self, b: dict) -> tuple[torch.Tensor, torch.Tensor]:

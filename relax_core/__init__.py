@@ -19,6 +19,7 @@ import importlib as _importlib
 
 from relax_core.specs import (
     API_VERSION,
+    BEHAVIOUR_NUMERATORS,
     BackendCapabilities,
     BackendSpec,
     CorrectionCapabilities,
@@ -43,6 +44,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "API_VERSION",
+    "BEHAVIOUR_NUMERATORS",
     "BackendCapabilities",
     "BackendSpec",
     "CorrectionCapabilities",

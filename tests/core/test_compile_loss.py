@@ -71,7 +71,7 @@ class Stage:
         for c in corr:
             cspec = reg.get("correction", c).spec
             self.corrections.append(cspec.build(cspec.default_params(), self.cfg))
-        self.settings = LossSettings.from_config(self.cfg, spec.capabilities_for(params).policy_loss_kind)
+        self.settings = LossSettings.from_config(self.cfg, spec.capabilities_for(params).behaviour_numerator)
         self.kind = est
 
     def __call__(self, b: dict) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:

@@ -27,7 +27,7 @@ def test_valid_default_run(registry_with):
 
 
 def test_capability_violated_error_text_is_pinned(registry_with):
-    strict = ("strict", make_plugin(estimator(caps=EstimatorCapabilities(sync_only=True, policy_loss_kind="reinforce"))),
+    strict = ("strict", make_plugin(estimator(caps=EstimatorCapabilities(sync_only=True, behaviour_numerator="log_probs"))),
               "relax-strict", "0.2.0")
     [p] = _problems(registry_with(strict), launcher="ray", fully_async=True, max_staleness=1)[:1]
     assert str(p) == (
@@ -52,13 +52,14 @@ def test_undeclared_capability_is_refused(registry_with):
                if p.constraint in ("supports_context_parallel", "supports_fully_async", "sync_only"))
 
 
-def test_undeclared_policy_loss_kind_refuses_corrections(registry_with):
+def test_undeclared_behaviour_numerator_refuses_corrections(registry_with):
     corr = CorrectionSpec(name="tis", summary="toy", source="tests", factory="x:y",
-                          capabilities=CorrectionCapabilities(compatible_policy_loss_kinds=frozenset({"ppo_clip"})))
+                          capabilities=CorrectionCapabilities(behaviour_numerators=frozenset({"old_log_probs"})))
     reg = registry_with(("bare", make_plugin(estimator())), ("tis", make_plugin(corr), "relax-tis", "1.0"))
-    [p] = [p for p in _problems(reg, correction=("tis",)) if p.constraint == "compatible_policy_loss_kinds"]
-    assert p.message == "tis is not valid with estimator 'toy' whose policy loss is 'undeclared' (needs ppo_clip)"
+    [p] = [p for p in _problems(reg, correction=("tis",)) if p.constraint == "behaviour_numerators"]
+    assert p.message == "tis is not valid with estimator 'toy' whose behaviour numerator is undeclared (needs old_log_probs)"
     assert p.component == "correction 'tis' (relax-tis 1.0)"
+    assert "rloo, or grpo --pg-loss-type reinforce" in p.fix
 
 
 def test_sync_only_estimator_refused_in_async_mode(registry_with):
@@ -176,7 +177,7 @@ def test_data_sources(registry_with, tmp_path):
 
 
 def test_update_weights_interval_makes_a_run_off_policy(registry_with):
-    strict = ("strict", make_plugin(estimator(caps=EstimatorCapabilities(sync_only=True, policy_loss_kind="reinforce"))),
+    strict = ("strict", make_plugin(estimator(caps=EstimatorCapabilities(sync_only=True, behaviour_numerator="log_probs"))),
               "relax-strict", "0.2.0")
     [p] = [p for p in _problems(registry_with(strict), update_weights_interval=3) if p.constraint == "sync_only"]
     assert "--update-weights-interval 3 generates with weights up to 2 steps old" in p.message

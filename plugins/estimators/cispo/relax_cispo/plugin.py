@@ -17,7 +17,7 @@ CAPABILITIES = EstimatorCapabilities(
     min_group_size=2,  # group std of one sample is undefined
     requires_complete_groups=True,
     requires_per_token_loss=True,  # the spec normalises by the total response tokens
-    policy_loss_kind="cispo",
+    behaviour_numerator="old_log_probs",
     allows_reward_post_processors=True,
     metrics=("rollout/zero_std_group_frac",),
 )

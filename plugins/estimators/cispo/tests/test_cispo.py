@@ -98,7 +98,7 @@ def test_advantages_are_grpo_advantages():
 def test_capabilities_and_recommendation_shown():
     spec = _spec()
     c = spec.capabilities_for()
-    assert c.policy_loss_kind == "cispo" and c.requires_per_token_loss and c.min_group_size == 2
+    assert c.behaviour_numerator == "old_log_probs" and c.requires_per_token_loss and c.min_group_size == 2
     assert "--eps-clip-high 10" in spec.summary
     reg = default_registry()
     cfg = build_config(cli={"advantage_estimator": "cispo", "kl_coef": 0.1}, param_schemas=reg.param_schemas())

@@ -29,7 +29,7 @@ def _capabilities(p: GRPOParams) -> EstimatorCapabilities:
         min_group_size=2,
         requires_complete_groups=True,
         allows_reward_post_processors=True,
-        policy_loss_kind="reinforce" if p.pg_loss_type == "reinforce" else "ppo_clip",
+        behaviour_numerator="log_probs" if p.pg_loss_type == "reinforce" else "old_log_probs",
         metrics=("rollout/zero_std_group_frac",),
     )
 

@@ -40,8 +40,8 @@ def test_registered_with_capabilities():
     spec = _spec()
     caps = spec.capabilities_for()
     assert spec.factory == "relax_grpo.grpo:build"
-    assert caps.min_group_size == 2 and caps.policy_loss_kind == "ppo_clip" and "kl_coef" not in caps.uses_options
-    assert spec.capabilities_for(spec.params(pg_loss_type="reinforce")).policy_loss_kind == "reinforce"
+    assert caps.min_group_size == 2 and caps.behaviour_numerator == "old_log_probs" and "kl_coef" not in caps.uses_options
+    assert spec.capabilities_for(spec.params(pg_loss_type="reinforce")).behaviour_numerator == "log_probs"
 
 
 def test_advantage_values_from_issue():

@@ -21,7 +21,7 @@ CAPABILITIES = EstimatorCapabilities(
     forbids_per_token_loss=True,  # one ratio per sequence: the objective is a per-sample mean
     kl_level="sequence",
     needs_full_sequence=True,
-    policy_loss_kind="sequence_ppo_clip",
+    behaviour_numerator="old_log_probs",
     allows_reward_post_processors=True,
     metrics=("rollout/zero_std_group_frac",),
 )

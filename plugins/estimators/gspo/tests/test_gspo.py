@@ -83,7 +83,7 @@ def test_advantages_as_grpo():
 def test_capabilities_and_cp_refusal():
     c = _spec().capabilities_for()
     assert c.kl_level == "sequence" and c.needs_full_sequence and c.forbids_per_token_loss
-    assert not c.supports_context_parallel and c.policy_loss_kind == "sequence_ppo_clip"
+    assert not c.supports_context_parallel and c.behaviour_numerator == "old_log_probs"
     reg = default_registry()
     cfg = build_config(cli={"advantage_estimator": "gspo", "context_parallel_size": 2, "calculate_per_token_loss": True},
                        param_schemas=reg.param_schemas())

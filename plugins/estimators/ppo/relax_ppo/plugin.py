@@ -28,7 +28,7 @@ CAPABILITIES = EstimatorCapabilities(
     needs_critic=True,
     min_group_size=1,
     requires_complete_groups=False,
-    policy_loss_kind="ppo_clip",
+    behaviour_numerator="old_log_probs",
     allows_reward_post_processors=True,
     metrics=("train/value_loss", "train/value_clipfrac"),
 )

@@ -22,7 +22,7 @@ CAPABILITIES = EstimatorCapabilities(
     requires_reward_side_kl=True,
     required_kl_loss_type="k1",
     forbids_kl_loss=True,
-    policy_loss_kind="ppo_clip",
+    behaviour_numerator="old_log_probs",
     allows_reward_post_processors=True,
     metrics=("rollout/return_mean", "rollout/return_std", "rollout/reward_kl"),
 )

@@ -13,7 +13,7 @@ CAPABILITIES = EstimatorCapabilities(
     forbids_per_token_loss=True,
     requires_kl_loss=True,
     required_kl_loss_type="k2",
-    policy_loss_kind="ppo_clip",
+    behaviour_numerator="old_log_probs",
     allows_reward_post_processors=False,
     metrics=("rollout/zero_std_group_frac", "rollout/advantage_raw_std"),
 )

@@ -106,7 +106,7 @@ def test_capabilities_declared():
     assert "kl_coef" not in c.uses_options and c.requires_kl_loss and c.required_kl_loss_type == "k2"
     assert c.requires_normalize_advantages and c.requires_rewards_normalization and c.forbids_per_token_loss
     assert not c.allows_reward_post_processors and not c.supports_context_parallel and c.sync_only
-    assert c.policy_loss_kind == "ppo_clip"
+    assert c.behaviour_numerator == "old_log_probs"
 
 
 def test_cli_refuses_group_of_one_naming_capability_and_fix():
