@@ -52,6 +52,7 @@ Run:  .venv/bin/python benchmarks/algorithm.py [--threads 1] [--smoke] [--loop-8
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import platform
@@ -65,6 +66,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import estimators as group_bench  # noqa: E402  (the group-estimator engineer's loop pieces)
 
+from relax_core import PPOClipParams  # noqa: E402
 from relax_core.config import RunConfig  # noqa: E402
 from relax_core.batch import Batch  # noqa: E402
 from relax_core.contracts import AdvantageInput, ForwardOutput  # noqa: E402
@@ -119,11 +121,13 @@ class RelaxStage:
 
     def __init__(self, est: str, corr: tuple[str, ...], compile_loss: bool = False) -> None:
         reg = default_registry()
-        self.cfg = RunConfig(advantage_estimator=est, eps_clip=EPS, eps_clip_high=EPS_HIGH,
+        self.cfg = RunConfig(advantage_estimator=est,
                              calculate_per_token_loss=est in TOKEN_MEAN, n_samples_per_prompt=8,
                              kl_coef=KL_COEF if est == "reinforce_plus_plus" else 0.0, compile_loss=compile_loss)
         spec = reg.get("estimator", est).spec
         params = spec.default_params()
+        if isinstance(params, PPOClipParams):
+            params = dataclasses.replace(params, eps_clip=EPS, eps_clip_high=EPS_HIGH)
         if est == "m2po":  # a budget that binds on these inputs, as in benchmarks/estimators.py
             params = spec.params(kl2_budget=0.01, miniclip_low=0.05, miniclip_high=0.05)
         self.est = spec.build(params, self.cfg)
@@ -132,7 +136,7 @@ class RelaxStage:
             cspec = reg.get("correction", c).spec
             low, high = (TIS_LOW, TIS_HIGH) if c == "tis" else (ICE_LOW, ICE_HIGH)
             self.corrections.append(cspec.build(cspec.params(clip_low=low, clip=high), self.cfg))
-        self.settings = LossSettings.from_config(self.cfg, spec.capabilities_for(params).policy_loss_kind)
+        self.settings = LossSettings.from_config(self.cfg, spec.capabilities_for(params).behaviour_numerator)
         self.needs = (est == "reinforce_plus_plus", est == "ppo")
 
     def __call__(self, b: dict) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,6 +22,7 @@ Results of one run are kept in benchmarks/results/estimators.txt.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import platform
@@ -30,6 +31,7 @@ import time
 
 import torch
 
+from relax_core import PPOClipParams
 from relax_core.config import RunConfig
 from relax_core.contracts import AdvantageInput, PolicyLossInput
 from relax_core.numerics import reduce_loss
@@ -58,9 +60,11 @@ def make_batch(B: int, T: int, group: int, seed: int = 0):
 def build(name: str):
     spec = default_registry().get("estimator", name).spec
     params = spec.default_params()
+    if isinstance(params, PPOClipParams):
+        params = dataclasses.replace(params, eps_clip=EPS, eps_clip_high=EPS_HIGH)
     if name == "m2po":
         params = spec.params(kl2_budget=0.01, miniclip_low=0.05, miniclip_high=0.05)  # let the band bind
-    cfg = RunConfig(eps_clip=EPS, eps_clip_high=EPS_HIGH, calculate_per_token_loss=name in REDUCTION,
+    cfg = RunConfig(calculate_per_token_loss=name in REDUCTION,
                     n_samples_per_prompt=8)
     return spec.build(params, cfg)
 

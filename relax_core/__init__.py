@@ -19,6 +19,7 @@ import importlib as _importlib
 
 from relax_core.specs import (
     API_VERSION,
+    BEHAVIOUR_NUMERATORS,
     BackendCapabilities,
     BackendSpec,
     CorrectionCapabilities,
@@ -27,8 +28,10 @@ from relax_core.specs import (
     EngineCapabilities,
     EngineSpec,
     EstimatorCapabilities,
+    DualClipParams,
     EstimatorSpec,
     GroupAdvantageParams,
+    PPOClipParams,
     RewardProcessorCapabilities,
     RewardProcessorSpec,
     RewardScorerSpec,
@@ -41,6 +44,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "API_VERSION",
+    "BEHAVIOUR_NUMERATORS",
     "BackendCapabilities",
     "BackendSpec",
     "CorrectionCapabilities",
@@ -49,8 +53,10 @@ __all__ = [
     "EngineCapabilities",
     "EngineSpec",
     "EstimatorCapabilities",
+    "DualClipParams",
     "EstimatorSpec",
     "GroupAdvantageParams",
+    "PPOClipParams",
     "RewardProcessorCapabilities",
     "RewardProcessorSpec",
     "RewardScorerSpec",

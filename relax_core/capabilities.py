@@ -41,8 +41,8 @@ class Context:
     model_is_moe: bool | None = None  # None = not known before loading
 
     @property
-    def policy_loss_kind(self) -> str:
-        return self.estimator.caps.policy_loss_kind if self.estimator else "undeclared"
+    def behaviour_numerator(self) -> str | None:
+        return self.estimator.caps.behaviour_numerator if self.estimator else None
 
 
 @dataclass(frozen=True)
@@ -157,10 +157,12 @@ def _parallel(flag: str, what: str, field: str) -> Callable[[Context, Any], str 
     return check
 
 
-#: Run options that only some estimators read (the PPO-clip block and reward-side KL): a
-#: non-default value with an estimator that does not list it in ``uses_options`` is refused,
-#: never silently ignored.
-SCOPED_OPTIONS = ("eps_clip", "eps_clip_high", "eps_clip_c", "kl_coef")
+#: Run options that only some estimators read (reward-side KL, which the loop also reads for
+#: the reference model): a non-default value with an estimator that does not list it in
+#: ``uses_options`` is refused, never silently ignored.  (The PPO-clip options are a parameter
+#: block, :class:`relax_core.specs.PPOClipParams`, refused by the generic rule for plugin
+#: parameters that no selected component reads: :func:`relax_core.validation.unread_parameters`.)
+SCOPED_OPTIONS = ("kl_coef",)
 
 
 def _unused_options(ctx: Context, caps: Any) -> str | None:
@@ -258,9 +260,9 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(E, "forbids_per_token_loss", "no per-token loss", "Uses a per-sample reduction; refuses --calculate-per-token-loss.",
                lambda ctx, c: "uses a per-sample mean reduction; --calculate-per-token-loss is not supported" if c.forbids_per_token_loss and ctx.cfg.calculate_per_token_loss else None,
                "remove --calculate-per-token-loss"),
-    Capability(E, "uses_options", "options", "Which options of the PPO-clip block (--eps-clip, --eps-clip-high, --eps-clip-c) and reward-side --kl-coef it reads; any other one set is refused.",
+    Capability(E, "uses_options", "options", "Whether it reads the reward-side --kl-coef (refused when set otherwise).",
                _unused_options,
-               "drop those flags (or set them to their defaults); for a KL penalty without reward-side KL use --use-kl-loss --kl-loss-coef C"),
+               "drop --kl-coef (or set it to 0); for a KL penalty without reward-side KL use --use-kl-loss --kl-loss-coef C"),
     Capability(E, "requires_reward_side_kl", "needs reward KL", "Needs --kl-coef > 0 (KL shaped into the reward).",
                lambda ctx, c: "requires --kl-coef > 0 (KL is part of its shaped reward)" if c.requires_reward_side_kl and not ctx.cfg.kl_coef > 0 else None,
                "set --kl-coef, e.g. --kl-coef 0.01", satisfy=lambda c: {"kl_coef": 0.01} if c.requires_reward_side_kl else {}),
@@ -276,7 +278,7 @@ CAPABILITIES: tuple[Capability, ...] = (
                lambda ctx, c: "does not support a separate --use-kl-loss (its KL is in the reward)" if c.forbids_kl_loss and (ctx.cfg.use_kl_loss or ctx.cfg.kl_loss_coef != 0) else None,
                "remove --use-kl-loss / --kl-loss-coef"),
     Capability(E, "kl_level", "KL level", "Level of the policy ratio: token or sequence."),
-    Capability(E, "policy_loss_kind", "loss kind", "Kind of policy loss (ppo_clip, reinforce, cispo, soft_gate, ...); corrections declare the kinds they fit."),
+    Capability(E, "behaviour_numerator", "numerator", "The log-prob of the policy in its loss: old_log_probs (a ratio to the old policy) or log_probs (no ratio); mismatch corrections weight by exp(log num − log q)."),
     Capability(E, "needs_full_sequence", "whole sequence", "A token's loss depends on its whole sequence (per-sample statistics)."),
     Capability(E, "allows_reward_post_processors", "post-procs", "Accepts reward post-processors that replace the raw reward signal.",
                lambda ctx, c: f"does not allow reward post-processors that replace its reward signal ({', '.join(b)})" if not c.allows_reward_post_processors and (b := _strict_processors(ctx)) else None,
@@ -293,10 +295,10 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(C, "needs_routing_replay", "replay", "Needs the backend to replay the engine's MoE routes.",
                lambda ctx, c: f"needs routing replay, but backend '{ctx.backend.name}' does not support it" if c.needs_routing_replay and ctx.backend and not ctx.backend.caps.supports_routing_replay else None,
                "choose a --train-backend that declares supports_routing_replay (torch)"),
-    Capability(C, "compatible_policy_loss_kinds", "loss kinds", "Policy-loss kinds it is correct for.",
-               lambda ctx, c: None if ctx.estimator is None or "*" in c.compatible_policy_loss_kinds or ctx.policy_loss_kind in c.compatible_policy_loss_kinds else
-               f"is not valid with estimator '{ctx.estimator.name}' whose policy loss is '{ctx.policy_loss_kind}' (needs {', '.join(sorted(c.compatible_policy_loss_kinds)) or 'a declared kind'})",
-               "use an estimator with a compatible policy loss (e.g. rloo, or grpo --pg-loss-type reinforce)"),
+    Capability(C, "behaviour_numerators", "numerators", "The estimators' behaviour numerators it is correct for (* any).",
+               lambda ctx, c: None if ctx.estimator is None or "*" in c.behaviour_numerators or ctx.behaviour_numerator in c.behaviour_numerators else
+               f"is not valid with estimator '{ctx.estimator.name}' whose behaviour numerator is {ctx.behaviour_numerator or 'undeclared'} (needs {', '.join(sorted(c.behaviour_numerators)) or 'a declared one'})",
+               "use an estimator whose `numerator` column it accepts (`relax capabilities`; log_probs: rloo, or grpo --pg-loss-type reinforce)"),
     Capability(C, "conflicts_with_rollout_logprobs_as_old", "!rollout-as-old", "Refuses --use-rollout-logprobs.",
                lambda ctx, c: "conflicts with --use-rollout-logprobs (the old policy would be the rollout policy, making the weight 1)" if c.conflicts_with_rollout_logprobs_as_old and ctx.cfg.use_rollout_logprobs else None,
                "drop --use-rollout-logprobs or this correction"),

@@ -91,9 +91,6 @@ class RunConfig:
     loss_norm_constant: float | None = opt(None, "Constant for seq-mean-token-sum-norm (default: --rollout-max-response-len).", gt=0, group="loss")
     normalize_advantages: bool = opt(False, "Whiten advantages over the valid tokens of the global batch (sample variance, × N/(N−1)); REINFORCE++ estimators use their own.", group="loss")
     disable_rewards_normalization: bool = opt(False, "Skip the estimator's reward normalisation.", group="loss")
-    eps_clip: float = opt(0.2, "PPO clip margin (ratio in [1-eps, 1+eps_high]).", ge=0, group="loss")
-    eps_clip_high: float | None = opt(None, "Upper clip margin (default: --eps-clip).", ge=0, group="loss")
-    eps_clip_c: float | None = opt(None, "Dual-clip constant c > 1 for negative advantages.", gt=1, group="loss")
     entropy_coef: float = opt(0.0, "Entropy bonus coefficient.", ge=0, group="loss")
     kl_coef: float = opt(0.0, "Reward-side KL coefficient (only for estimators that use it).", ge=0, group="loss")
     use_kl_loss: bool = opt(False, "Add kl_loss_coef × KL(π_θ‖π_ref) to the loss.", group="loss")
@@ -165,10 +162,6 @@ class RunConfig:
     plugin_params: Mapping[str, Any] = field(default_factory=dict, metadata={"internal": True})
 
     # ------------------------------------------------------------------ derived values
-    @property
-    def effective_eps_clip_high(self) -> float:
-        return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
-
     @property
     def effective_global_batch_size(self) -> int:
         if self.global_batch_size is not None:
@@ -499,16 +492,20 @@ def build_config(
 
 
 def value_problems(cfg: RunConfig) -> list[str]:
-    """Range problems of every core option and every plugin parameter."""
+    """Range problems of every core option and every plugin parameter; a problem of a flag
+    that several components share (a parameter block, e.g. ``--eps-clip``) is reported once,
+    naming them all."""
     problems = []
     for f in config_fields():
         problems += check_bounds(getattr(cfg, f.name), f.metadata, flag_of(f))
+    shared: dict[str, list[str]] = {}
     for comp, params in cfg.plugin_params.items():
         if params is None:
             continue
         for pf in fields(params):
-            problems += [f"{comp}: {p}" for p in check_bounds(getattr(params, pf.name), pf.metadata, param_flag(comp, pf))]
-    return problems
+            for p in check_bounds(getattr(params, pf.name), pf.metadata, param_flag(comp, pf)):
+                shared.setdefault(p, []).append(comp)
+    return problems + [f"{', '.join(sorted(comps))}: {p}" for p, comps in shared.items()]
 
 
 def config_to_dict(cfg: RunConfig) -> dict[str, Any]:

@@ -185,14 +185,15 @@ class CorrectionInput(Fields):
     Extra:
         loss: ``[B, T]`` per-token policy loss after the estimator's own clipping (and
             after earlier corrections).
-        policy_loss_kind: the estimator's declared ``policy_loss_kind``.
+        behaviour_numerator: the estimator's declared ``behaviour_numerator``, the name of
+            the field holding the numerator's log-probs (``old_log_probs`` or ``log_probs``).
         is_weight: optional callable ``ratio [..] -> weight [..]`` giving the IS rule of an
             importance-weight correction selected in the same run (for score centering).
         process_group: as :class:`PolicyLossInput`.
     """
 
     __slots__ = ()
-    extra: ClassVar[frozenset[str]] = frozenset({"loss", "policy_loss_kind", "is_weight", "process_group"})
+    extra: ClassVar[frozenset[str]] = frozenset({"loss", "behaviour_numerator", "is_weight", "process_group"})
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -299,7 +299,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
         rollout_fields=rollout_fields, top_k=top_k,
         num_critic_only_steps=critic_settings.num_critic_only_steps if critic_settings else 0)
-    trainer = build_trainer(cfg, comps, train_data, eval_data, run_dir, est_caps.policy_loss_kind, config_dict)
+    trainer = build_trainer(cfg, comps, train_data, eval_data, run_dir, est_caps.behaviour_numerator, config_dict)
     info = {
         "relax_core": __import__("relax_core").__version__, "plugins": plugin_versions(reg),
         "git_commit": git_commit(Path(__file__).resolve().parent), "python": sys.version.split()[0],

@@ -45,11 +45,11 @@ class LossSettings:
     kl_loss_coef: float
     kl_loss_type: str
     entropy_coef: float
-    policy_loss_kind: str
+    behaviour_numerator: str | None
     compile_loss: bool = False
 
     @classmethod
-    def from_config(cls, cfg: Any, policy_loss_kind: str) -> "LossSettings":
+    def from_config(cls, cfg: Any, behaviour_numerator: str | None) -> "LossSettings":
         return cls(
             reduction=cfg.effective_loss_reduction,
             norm_constant=cfg.loss_norm_constant or float(cfg.rollout_max_response_len),
@@ -57,7 +57,7 @@ class LossSettings:
             kl_loss_coef=cfg.kl_loss_coef,
             kl_loss_type=cfg.kl_loss_type,
             entropy_coef=cfg.entropy_coef,
-            policy_loss_kind=policy_loss_kind,
+            behaviour_numerator=behaviour_numerator,
             compile_loss=cfg.compile_loss,
         )
 
@@ -132,7 +132,7 @@ def actor_loss_terms(estimator: Any, corrections: list[Any], s: LossSettings, pr
     per_token, token_metrics, scalar_metrics = pl.loss, dict(pl.token_metrics), dict(pl.scalar_metrics)
     is_weight = next((c.is_weight for c in corrections if callable(getattr(c, "is_weight", None))), None)
     for corr in corrections:
-        co = corr.apply(CorrectionInput(**fields, loss=per_token, policy_loss_kind=s.policy_loss_kind,
+        co = corr.apply(CorrectionInput(**fields, loss=per_token, behaviour_numerator=s.behaviour_numerator,
                                         is_weight=is_weight, process_group=process_group))
         per_token = co.loss
         token_metrics.update(co.token_metrics)

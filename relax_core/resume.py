@@ -72,8 +72,11 @@ def holds_run(run_dir: Path, ckpt_dir: Path) -> list[str]:
 
 def saved_values(saved: dict, schemas: Mapping[str, type]) -> tuple[dict, list[str]]:
     """config.json as ``build_config`` YAML values; keys this version does not know are
-    dropped and named."""
+    dropped and named.  A top-level key that is a plugin parameter's flat name is kept: a
+    parameter block's option saved when it was a core option (``eps_clip`` before the
+    PPO-clip block, plugin API 4) applies to every component that declares it."""
     core = {f.name for f in config_fields()}
+    core |= {param_flag(c, f)[2:].replace("-", "_") for c, schema in schemas.items() for f in dataclasses.fields(schema)}
     values, dropped = {}, []
     for key, value in saved.items():
         if key == "plugin_params":

@@ -99,7 +99,7 @@ def relax_register_estimators():
             sync_only=True,               # unclipped loss: on-policy updates only
             supports_context_parallel=True,
             min_group_size=2,
-            policy_loss_kind="reinforce",
+            behaviour_numerator="log_probs",  # no ratio: the loss is −sg(A)·log π_θ
             allows_reward_post_processors=True,
         ),
     )]
@@ -127,7 +127,7 @@ def relax_register_corrections():
         params=Params,
         capabilities=CorrectionCapabilities(
             requires_fields=frozenset({"rollout_log_probs"}),
-            compatible_policy_loss_kinds=frozenset({"ppo_clip", "reinforce"}),
+            behaviour_numerators=frozenset({"old_log_probs", "log_probs"}),  # any estimator that declares one
             conflicts_with_rollout_logprobs_as_old=True,
         ),
     )]
@@ -256,10 +256,12 @@ def build(params, config) -> Estimator:
 
 Equation (TODO: replace with your method's, and cite it):
 
-    w_t = sg(min(exp(log p_old − log q), C)),   L'_t = w_t · L_t
+    w_t = sg(min(exp(log num − log q), C)),   L'_t = w_t · L_t
 
-Glossary: log p_old = ``old_log_probs``, log q = ``rollout_log_probs`` (engine),
-C = ``clip``, L = the estimator's per-token loss.  Source: TODO.
+Glossary: log num = the estimator's behaviour numerator (``inp.behaviour_numerator`` names
+the field: ``old_log_probs`` for a loss with a ratio to the old policy, ``log_probs`` for one
+without), log q = ``rollout_log_probs`` (engine), C = ``clip``, L = the estimator's per-token
+loss.  Source: TODO.
 """
 
 from __future__ import annotations
@@ -275,7 +277,8 @@ class Correction:
 
     def apply(self, inp: CorrectionInput) -> CorrectionOutput:
         mask = inp.loss_mask.bool()
-        log_ratio = torch.where(mask, inp.old_log_probs.float() - inp.rollout_log_probs.float(),
+        num = getattr(inp, inp.behaviour_numerator).detach()
+        log_ratio = torch.where(mask, num.float() - inp.rollout_log_probs.float(),
                                 torch.zeros((), dtype=torch.float32))       # [B, T]
         w = torch.exp(log_ratio.clamp(-20, 20)).clamp(max=self.clip).detach()
         w = torch.where(mask, w, torch.zeros_like(w))
@@ -467,7 +470,7 @@ def test_weight_by_hand_and_no_gradient_through_it():
     out = corr.apply(CorrectionInput(
         loss=base, log_probs=logp, old_log_probs=torch.tensor([[0.0, 0.0, float("nan")]]),
         rollout_log_probs=torch.tensor([[math.log(2.0), -5.0, 1e9]]), advantages=torch.ones(1, 3),
-        loss_mask=mask, policy_loss_kind="ppo_clip"))
+        loss_mask=mask, behaviour_numerator="old_log_probs"))
     # exp(0 - log 2) = 0.5; exp(0 + 5) = 148.4 clipped to 2.0; masked slot 0
     torch.testing.assert_close(out.token_metrics["$name"], torch.tensor([[0.5, 2.0, 0.0]]))
     out.loss.sum().backward()

@@ -29,8 +29,15 @@ from typing import Any, Callable, ClassVar, Literal
 #: 3: one optimizer step (:mod:`relax_core.optimizer`): backends give
 #: ``accumulate_gradients``, ``grad_norm``, ``apply_gradients``, ``zero_grad`` and
 #: ``optimizer_steps`` instead of ``train_step``.
-API_VERSION = 3
-SUPPORTED_API_VERSIONS = frozenset({1, 2, 3})
+#: 4: the PPO-clip options are a parameter block (:class:`PPOClipParams`,
+#: :class:`DualClipParams`) that estimators compose: ``RunConfig.eps_clip``,
+#: ``eps_clip_high``, ``eps_clip_c`` and ``effective_eps_clip_high`` are gone, and
+#: ``uses_options`` no longer lists them; estimators declare the fact corrections read,
+#: ``behaviour_numerator``, instead of a ``policy_loss_kind``, and corrections the values they
+#: accept, ``behaviour_numerators`` (was ``compatible_policy_loss_kinds``); ``CorrectionInput``
+#: carries ``behaviour_numerator`` (was ``policy_loss_kind``).
+API_VERSION = 4
+SUPPORTED_API_VERSIONS = frozenset({1, 2, 3, 4})
 #: version -> the kinds whose contract changed in it (and how); their plugins written for an
 #: earlier version are refused
 CHANGED_IN = {
@@ -39,14 +46,22 @@ CHANGED_IN = {
                    "batch.<field>)"},
     3: {"backend": "the core owns the optimizer step (relax_core.optimizer): train_step is gone, a backend gives "
                    "accumulate_gradients, grad_norm, apply_gradients, zero_grad and optimizer_steps"},
+    4: {"estimator": "the PPO-clip options are a parameter block: compose relax_core.PPOClipParams (or DualClipParams "
+                     "for --eps-clip-c) in your parameters and read params.eps_clip (RunConfig.eps_clip, eps_clip_high, "
+                     "eps_clip_c are gone, and uses_options no longer lists them); policy_loss_kind is replaced by "
+                     "behaviour_numerator (old_log_probs for a loss with a ratio to the old policy, log_probs for "
+                     "one without)",
+        "correction": "compatible_policy_loss_kinds is replaced by behaviour_numerators (old_log_probs, log_probs or "
+                      "*), and CorrectionInput.policy_loss_kind by behaviour_numerator (the field to read: "
+                      "getattr(inp, inp.behaviour_numerator))"},
 }
 
 
 def api_version_problem(kind: str, version: int) -> str | None:
     """Why a spec of ``kind`` written for plugin API ``version`` cannot load, or ``None``.
-    Estimators, corrections, scorers, post-processors and data sources of every supported
-    version still load (the inputs they read kept their attribute names); engines need 2,
-    backends 3."""
+    Scorers, post-processors and data sources of every supported version still load (the
+    inputs they read kept their attribute names); engines need 2, backends 3, estimators and
+    corrections 4."""
     if version not in SUPPORTED_API_VERSIONS:
         return f"this relax-core supports {sorted(SUPPORTED_API_VERSIONS)}"
     changes = [(v, CHANGED_IN[v][kind]) for v in sorted(CHANGED_IN) if v > version and kind in CHANGED_IN[v]]
@@ -54,6 +69,10 @@ def api_version_problem(kind: str, version: int) -> str | None:
         return (f"api_version {version} {kind}s no longer load: "
                 + "; ".join(f"since api_version {v} {why}" for v, why in changes) + " (docs/guide/writing-plugins.md)")
     return None
+
+#: The values of ``EstimatorCapabilities.behaviour_numerator``: batch fields (log-probs of the
+#: sampled tokens) that can be the numerator of the policy in a loss.
+BEHAVIOUR_NUMERATORS = ("old_log_probs", "log_probs")
 
 _MISSING = dataclasses.MISSING
 
@@ -112,6 +131,31 @@ class GroupAdvantageParams:
         flag="--disable-grpo-std-normalization")
 
 
+@dataclass(frozen=True)
+class PPOClipParams:
+    """The parameter block of PPO's clipped ratio band [1 − ε, 1 + ε_high] (Schulman et al.
+    2017, PPO, eq. (7); the decoupled ε_high: Yu et al. 2025, DAPO, §3.1), declared once and
+    composed by the estimators that clip a ratio (``class MyParams(PPOClipParams)``); read
+    the margins from the parameters your factory receives (``params.eps_clip``)."""
+
+    eps_clip: float = param(0.2, "PPO clip margin (ratio in [1-eps, 1+eps_high]).", flag="--eps-clip", ge=0)
+    eps_clip_high: float | None = param(None, "Upper clip margin (default: --eps-clip).", flag="--eps-clip-high", ge=0)
+
+    @property
+    def effective_eps_clip_high(self) -> float:
+        """ε_high: ``--eps-clip-high``, or ``--eps-clip`` when it is not set."""
+        return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
+
+
+@dataclass(frozen=True)
+class DualClipParams(PPOClipParams):
+    """:class:`PPOClipParams` with the dual clip for negative advantages, L = min(L, −c·A)
+    (Ye et al. 2020, 'Mastering Complex Control in MOBA Games with Deep RL', §3.2 eq. (5);
+    :func:`relax_core.policy.ppo_clip`)."""
+
+    eps_clip_c: float | None = param(None, "Dual-clip constant c > 1 for negative advantages.", flag="--eps-clip-c", gt=1)
+
+
 @dataclass(frozen=True, kw_only=True)
 class EstimatorCapabilities:
     """What an advantage estimator supports and requires.  Conservative defaults."""
@@ -138,9 +182,10 @@ class EstimatorCapabilities:
     forbids_per_token_loss: bool = False
     uses_options: frozenset[str] = frozenset()
     """Which of the run options that only some estimators read it reads
-    (:data:`relax_core.capabilities.SCOPED_OPTIONS`: the PPO-clip block ``eps_clip``,
-    ``eps_clip_high``, ``eps_clip_c``, and the reward-side ``kl_coef``); any of them set to
-    a non-default value is refused with an estimator that does not list it."""
+    (:data:`relax_core.capabilities.SCOPED_OPTIONS`: the reward-side ``kl_coef``); any of
+    them set to a non-default value is refused with an estimator that does not list it.
+    (Options of a parameter block, e.g. :class:`PPOClipParams`, are read by the estimators
+    whose parameters compose it; one that no selected component reads is refused.)"""
     requires_reward_side_kl: bool = False
     """Needs ``--kl-coef > 0`` (e.g. REINFORCE++'s shaped reward)."""
     required_kl_loss_type: str | None = None
@@ -149,9 +194,14 @@ class EstimatorCapabilities:
     """Needs ``--use-kl-loss`` with a positive ``--kl-loss-coef``."""
     forbids_kl_loss: bool = False
     kl_level: Literal["token", "sequence"] = "token"
-    policy_loss_kind: str = "undeclared"
-    """Kind of policy loss: ``ppo_clip``, ``reinforce``, ``cispo``, ``soft_gate``,
-    ``sequence_ppo_clip``... Corrections declare which kinds they are compatible with."""
+    behaviour_numerator: str | None = None
+    """The batch field whose log-prob is the numerator of the policy in its loss
+    (:data:`BEHAVIOUR_NUMERATORS`): ``old_log_probs`` when the loss has an importance ratio
+    π_θ/π_old (PPO-clip, CISPO's weight, SAPO's gate, GSPO's sequence ratio...),
+    ``log_probs`` when it has none (REINFORCE, −sg(A)·log π_θ).  A train/inference mismatch
+    correction weights by ρ = exp(log num − log q) with it, detached: ρ = p_old/q completes
+    the ratio to π_θ/q, and sg(π_θ)/q corrects a ratio-free loss (the corrections guide, "The
+    behaviour ratio ρ").  ``None``: undeclared, refused by the corrections that read it."""
     needs_full_sequence: bool = False
     """The loss of a token depends on the whole sequence's log-ratios (per-sample reduction)."""
     allows_reward_post_processors: bool = False
@@ -184,8 +234,10 @@ class CorrectionCapabilities:
     needs_moe_model: bool = False
     needs_routing_replay: bool = False
     """The backend must replay the engine's recorded MoE routes in its forwards."""
-    compatible_policy_loss_kinds: frozenset[str] = frozenset()
-    """Policy-loss kinds it is correct for; ``"*"`` means any.  Empty = none."""
+    behaviour_numerators: frozenset[str] = frozenset()
+    """The estimators' ``behaviour_numerator`` values it is correct for
+    (:data:`BEHAVIOUR_NUMERATORS`); ``"*"``: any estimator, also one that declares none (it
+    does not read the estimator's ratio).  Empty = none."""
     conflicts_with_rollout_logprobs_as_old: bool = False
     """Refuses ``--use-rollout-logprobs``."""
     conflicts_with: frozenset[str] = frozenset()

@@ -96,11 +96,11 @@ class Trainer:
         publisher: the :class:`~relax_core.rollout.Publisher`.
         eval_data: the evaluation dataset or ``None``.
         run_dir: the run directory (metrics, samples, checkpoints).
-        policy_loss_kind: the estimator's declared kind (given to corrections).
+        behaviour_numerator: the estimator's declared behaviour numerator (given to corrections).
     """
 
     def __init__(self, cfg: Any, comps: Components, source: Any, publisher: Any, eval_data: Any,
-                 run_dir: Path, policy_loss_kind: str, config_dict: dict) -> None:
+                 run_dir: Path, behaviour_numerator: str | None, config_dict: dict) -> None:
         self.cfg = cfg
         self.c = comps
         self.source = source
@@ -109,7 +109,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.ckpt_dir = Path(cfg.save) if cfg.save else self.run_dir / "checkpoints"
         self.config_dict = config_dict
-        self.loss_settings = LossSettings.from_config(cfg, policy_loss_kind)
+        self.loss_settings = LossSettings.from_config(cfg, behaviour_numerator)
         self.optim_settings = OptimizerSettings.from_config(cfg, getattr(comps.estimator, "critic_settings", None))
         self.state = LoopState()
         self.old_logp_source = old_logp_source(cfg, comps.needs_critic)
@@ -305,7 +305,7 @@ class Trainer:
 
 
 def build_trainer(cfg: Any, comps: Components, train_data: Any, eval_data: Any, run_dir: Path,
-                  policy_loss_kind: str, config_dict: dict) -> Trainer:
+                  behaviour_numerator: str | None, config_dict: dict) -> Trainer:
     """The loop for the run's mode: a pushing publisher and a :class:`SyncSource`, or with
     ``--fully-async`` a posting publisher and an :class:`AsyncSource` (the engine and the
     backend in ``comps`` are local objects or Ray proxies)."""
@@ -313,5 +313,5 @@ def build_trainer(cfg: Any, comps: Components, train_data: Any, eval_data: Any, 
                           post=cfg.fully_async)
     rollout = Rollout(cfg, comps, train_data, publisher)
     source = AsyncSource(rollout, cfg.max_staleness) if cfg.fully_async else SyncSource(rollout)
-    return Trainer(cfg, comps, source, publisher, eval_data, run_dir, policy_loss_kind, config_dict)
+    return Trainer(cfg, comps, source, publisher, eval_data, run_dir, behaviour_numerator, config_dict)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_core.capabilities import CAPABILITIES, Context, Selected
-from relax_core.config import DEFAULT_MODEL, RunConfig, check_bounds, config_fields, value_problems
+from relax_core.config import DEFAULT_MODEL, RunConfig, check_bounds, config_fields, param_flag, value_problems
 from relax_core.data import GSM8K_SCHEME, data_sources, parse_data
 from relax_core.plugins import PluginError, Registry
 
@@ -196,6 +196,34 @@ def _run_problems(cfg: RunConfig) -> list[Problem]:
     return out
 
 
+def unread_parameters(cfg: RunConfig, reg: Registry, selected: set[tuple[str, str]]) -> list[Problem]:
+    """Plugin parameters set to a value other than their component's default whose flag no
+    selected component declares: e.g. ``--eps-clip 0.3`` (the :class:`~relax_core.specs.PPOClipParams`
+    block that grpo, ppo, ... compose) with m2po, which would be a silent no-op.  A flag
+    shared by several components (``--tis-clip``) is read when any selected one declares it.
+    ``selected``: the run's (kind, name) pairs; with ``--reward auto`` the scorer is chosen
+    from the data later, so scorers' parameters are not checked."""
+    read = {param_flag(name, f) for kind, name in selected if (schema := reg.get(kind, name).spec.params)
+            for f in dataclasses.fields(schema)}
+    unread: dict[str, tuple[Any, list[str]]] = {}
+    for kind, comps in reg.components.items():
+        if kind == "reward" and cfg.reward == "auto":
+            continue
+        for name in sorted(comps):
+            p = cfg.params_for(name)
+            if p is None or (kind, name) in selected:
+                continue
+            for f in dataclasses.fields(p):
+                flag = param_flag(name, f)
+                if flag not in read and getattr(p, f.name) != f.default:
+                    unread.setdefault(flag, (getattr(p, f.name), []))[1].append(name)
+    return [Problem("config", "unread option",
+                    f"{flag} {value} is read by no selected component (it is a parameter of {', '.join(names)}): "
+                    "set, it would be a silent no-op",
+                    "drop it (or set it to its default), or select a component that reads it")
+            for flag, (value, names) in sorted(unread.items())]
+
+
 def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
     """Select the run's components and check every capability and constraint.
 
@@ -243,6 +271,10 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
         # its fields (e.g. tis: --tis-clip-low <= --tis-clip); checked only for selected components
         check = getattr(cfg.params_for(sel.name), "problems", None)
         problems += [Problem(sel.label, "parameters", f"{sel.name}: {msg}", fix) for msg, fix in (check() if callable(check) else ())]
+    chosen = {(s.kind, s.name) for s in [est, engine, backend, *corrections, *processors] if s}
+    if cfg.reward != "auto" and specs["reward"] is not None:
+        chosen.add(("reward", cfg.reward))
+    problems += unread_parameters(cfg, reg, chosen)
     problems += [Problem("plugins", "duplicate component", p, "") for p in reg.problems]
     return Resolved(ctx, specs), problems
 

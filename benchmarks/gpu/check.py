@@ -247,7 +247,7 @@ def grpo_step(backend, batch, cfg):
     spec = default_registry().get("estimator", "grpo").spec
     params = spec.default_params()
     est = spec.build(params, cfg)
-    settings = LossSettings.from_config(cfg, spec.capabilities_for(params).policy_loss_kind)
+    settings = LossSettings.from_config(cfg, spec.capabilities_for(params).behaviour_numerator)
     tokens, samples = global_denominators(batch.loss_mask)
     optim = OptimizerSettings.from_config(cfg)
     return lambda: optimizer_step(backend, batch, ActorLoss(est, [], settings, num_tokens=tokens, num_samples=samples,

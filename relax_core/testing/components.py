@@ -19,6 +19,7 @@ from torch import Tensor
 from relax_core.contracts import (AdvantageInput, AdvantageOutput, CorrectionInput, CorrectionOutput,
                                   PolicyLossInput, PolicyLossOutput, RewardBatch, ValueLossInput)
 from relax_core.numerics import reduce_loss
+from relax_core.specs import BEHAVIOUR_NUMERATORS
 from relax_core.testing.contract import Checks, capability_problems, require
 
 T = 8
@@ -291,17 +292,21 @@ def _cp_rank(rank: int, group: Any, factory: str, params: Any, cfg: Any, b: Synt
 # --------------------------------------------------------------------------- corrections
 
 
-def _policy_kind(caps: Any) -> str | None:
-    kinds = caps.compatible_policy_loss_kinds
-    if "*" in kinds or "ppo_clip" in kinds:
-        return "ppo_clip"
-    return sorted(kinds)[0] if kinds else None
+def _numerator(caps: Any) -> str | None:
+    """The behaviour numerator the kit runs the correction with: ``old_log_probs`` when it
+    accepts it, else the first it accepts."""
+    accepted = caps.behaviour_numerators
+    if "*" in accepted or "old_log_probs" in accepted:
+        return "old_log_probs"
+    return sorted(accepted)[0] if accepted else None
 
 
 def check_correction(spec: Any, params: Any, caps: Any, cfg: Any, checks: Checks) -> None:
-    kind = _policy_kind(caps)
-    with checks.check("compatible_policy_loss_kinds"):
-        require(kind is not None, "declares no compatible policy-loss kind: it could never be selected")
+    kind = _numerator(caps)
+    with checks.check("behaviour_numerators"):
+        require(kind is None or kind in BEHAVIOUR_NUMERATORS,
+                f"behaviour_numerators {sorted(caps.behaviour_numerators)} names values outside {list(BEHAVIOUR_NUMERATORS)}")
+        require(kind is not None, "accepts no behaviour numerator: it could never be selected")
     corr = None
     with checks.check("build"):
         corr = spec.build(params, cfg)
@@ -340,7 +345,7 @@ def check_correction(spec: Any, params: Any, caps: Any, cfg: Any, checks: Checks
             m = mask[:, c]
             out = corr.apply(CorrectionInput(
                 loss=loss_in[:, c], log_probs=log_probs[:, c], old_log_probs=b.old_log_probs[:, c], advantages=a[:, c],
-                loss_mask=m, policy_loss_kind=kind, rollout_log_probs=b.rollout_log_probs[:, c],
+                loss_mask=m, behaviour_numerator=kind, rollout_log_probs=b.rollout_log_probs[:, c],
                 top_k_ids=ids[:, c] if top else None, top_k_log_probs=head_in[:, c] if top else None,
                 train_top_k_log_probs=train_top_k[:, c] if top else None))
             require(isinstance(out, CorrectionOutput), f"returned {type(out).__name__}, expected CorrectionOutput")

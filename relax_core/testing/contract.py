@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from relax_core.capabilities import CAPABILITIES, Context, Selected
 from relax_core.config import RunConfig, check_bounds, flag_collisions, param_flag
-from relax_core.specs import ComponentSpec, EstimatorCapabilities, _resolve, api_version_problem
+from relax_core.specs import BEHAVIOUR_NUMERATORS, ComponentSpec, EstimatorCapabilities, _resolve, api_version_problem
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _FLAG_RE = re.compile(r"^--[a-z][a-z0-9]*(-[a-z0-9]+)*$")
@@ -169,7 +169,9 @@ def _check_capabilities(spec: ComponentSpec, params: Any) -> Any:
     if isinstance(caps, EstimatorCapabilities):
         require(isinstance(caps.min_group_size, int) and caps.min_group_size >= 1, "min_group_size must be an int >= 1")
         require(caps.kl_level in ("token", "sequence"), f"kl_level {caps.kl_level!r} not token|sequence")
-        require(caps.policy_loss_kind != "undeclared", "policy_loss_kind is not declared (corrections refuse an undeclared kind)")
+        require(caps.behaviour_numerator in BEHAVIOUR_NUMERATORS,
+                f"behaviour_numerator must be one of {', '.join(BEHAVIOUR_NUMERATORS)}, got {caps.behaviour_numerator!r} "
+                "(corrections refuse an undeclared one)")
         require(not (caps.requires_reward_side_kl and "kl_coef" not in caps.uses_options),
                 "requires_reward_side_kl without kl_coef in uses_options")
         from relax_core.capabilities import SCOPED_OPTIONS

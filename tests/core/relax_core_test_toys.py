@@ -45,7 +45,7 @@ def estimator(name="toy", caps=None, **kw) -> EstimatorSpec:
                          params=kw.pop("params", ToyParams), capabilities=caps, **kw)
 
 
-BASE_CAPS = EstimatorCapabilities(sync_only=False, supports_fully_async=True, policy_loss_kind="ppo_clip",
+BASE_CAPS = EstimatorCapabilities(sync_only=False, supports_fully_async=True, behaviour_numerator="old_log_probs",
                                   min_group_size=2)
 
 

@@ -67,8 +67,8 @@ def test_views_are_read_only_and_refuse_undeclared_names():
         Batch(lossmask=torch.ones(2, 3))
     with pytest.raises(AttributeError, match="no field 'lossmask'"):
         _ = b.lossmask
-    inp = CorrectionInput(loss=torch.zeros(2, 3), loss_mask=b.loss_mask, policy_loss_kind="ppo_clip")
-    assert inp.rollout_log_probs is None and inp.policy_loss_kind == "ppo_clip"
+    inp = CorrectionInput(loss=torch.zeros(2, 3), loss_mask=b.loss_mask, behaviour_numerator="old_log_probs")
+    assert inp.rollout_log_probs is None and inp.behaviour_numerator == "old_log_probs"
 
 
 def test_an_engine_output_holds_rollout_fields_only():

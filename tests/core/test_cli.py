@@ -25,12 +25,12 @@ def cli_registry(registry_with, monkeypatch):
 
 
 def test_train_dry_run_exits_2_listing_every_problem(cli_registry):
-    r = runner.invoke(app, ["train", "--dry-run", "--estimator", "bare", "--eps-clip", "-1",
+    r = runner.invoke(app, ["train", "--dry-run", "--estimator", "bare", "--entropy-coef", "-1",
                             "--context-parallel-size", "2", "--bare-beta", "3", "--num-steps-per-rollout", "3"])
     assert r.exit_code == 2
     err = r.stderr
     assert "problem(s) with this configuration (nothing was started)" in err
-    for text in ("config [value range]: --eps-clip must be >= 0, got -1.0",
+    for text in ("config [value range]: --entropy-coef must be >= 0, got -1.0",
                  "config [value range]: bare: --bare-beta must be <= 1, got 3.0",
                  "config [batch shape]: rollout_batch_size × n_samples_per_prompt = 4×8 = 32 samples per rollout "
                  "is not divisible by --num-steps-per-rollout 3",
@@ -44,10 +44,10 @@ def test_train_dry_run_exits_2_listing_every_problem(cli_registry):
 
 def test_train_unknown_yaml_key_exits_2(cli_registry, tmp_path):
     cfg = tmp_path / "run.yaml"
-    cfg.write_text("eps_clp: 0.1\n")
+    cfg.write_text("entropy_cof: 0.1\n")
     r = runner.invoke(app, ["train", "--dry-run", "--config", str(cfg)])
     assert r.exit_code == 2
-    assert f"config: {cfg}: 'eps_clp': unknown option (did you mean 'eps_clip'?)" in r.stderr
+    assert f"config: {cfg}: 'entropy_cof': unknown option (did you mean 'entropy_coef'?)" in r.stderr
 
 
 def test_train_selecting_broken_plugin_exits_2_with_its_error(cli_registry):

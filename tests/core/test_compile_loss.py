@@ -4,12 +4,14 @@ micro-batch shape changes, and falls back to eager (with a warning) when compili
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
 import pytest
 import torch
 
+from relax_core import PPOClipParams
 from relax_core.config import RunConfig
 from relax_core.batch import Batch
 from relax_core.contracts import AdvantageInput, ForwardOutput
@@ -54,12 +56,14 @@ class Stage:
 
     def __init__(self, est: str, corr: tuple[str, ...], *, compile_loss: bool, use_kl_loss: bool = False) -> None:
         reg = default_registry()
-        self.cfg = RunConfig(advantage_estimator=est, correction=corr, n_samples_per_prompt=4, eps_clip_high=0.28,
+        self.cfg = RunConfig(advantage_estimator=est, correction=corr, n_samples_per_prompt=4,
                              calculate_per_token_loss=est in ("rloo", "cispo"), compile_loss=compile_loss,
                              kl_coef=0.01 if est == "reinforce_plus_plus" else 0.0, use_kl_loss=use_kl_loss,
                              kl_loss_coef=0.1 if use_kl_loss else 0.0, entropy_coef=0.01)
         spec = reg.get("estimator", est).spec
         params = spec.default_params()
+        if isinstance(params, PPOClipParams):  # an upper margin that binds on these inputs
+            params = dataclasses.replace(params, eps_clip_high=0.28)
         if est == "m2po":  # a budget that binds on these inputs
             params = spec.params(kl2_budget=0.01, miniclip_low=0.05, miniclip_high=0.05)
         self.est = spec.build(params, self.cfg)
@@ -67,7 +71,7 @@ class Stage:
         for c in corr:
             cspec = reg.get("correction", c).spec
             self.corrections.append(cspec.build(cspec.default_params(), self.cfg))
-        self.settings = LossSettings.from_config(self.cfg, spec.capabilities_for(params).policy_loss_kind)
+        self.settings = LossSettings.from_config(self.cfg, spec.capabilities_for(params).behaviour_numerator)
         self.kind = est
 
     def __call__(self, b: dict) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:

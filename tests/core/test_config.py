@@ -1,13 +1,16 @@
 """Run configuration: YAML + flags precedence, unknown keys, coercion, value ranges."""
 
+import dataclasses
 import math
 
 import pytest
 from relax_core_test_toys import ToyParams
 
+from relax_core import DualClipParams, PPOClipParams
+
 from relax_core.config import ConfigError, RunConfig, build_config, config_fields, load_yaml, parse_cli, value_problems
 
-SCHEMAS = {"toy": ToyParams}
+SCHEMAS = {"toy": ToyParams, "clip": DualClipParams}  # the PPO-clip block: --eps-clip, ...
 
 
 def _build(tmp_path, yaml_text, argv):
@@ -21,7 +24,7 @@ def test_yaml_and_flags_precedence(tmp_path):
     cfg = _build(tmp_path, "eps_clip: 0.3\nkl-loss-coef: 0.01\nn_samples_per_prompt: 4\ntoy_beta: 0.25\n"
                            "correction: [tis]\n",
                  ["--eps-clip", "0.1", "--toy-beta", "0.75", "--estimator", "rloo"])
-    assert cfg.eps_clip == 0.1            # flag beats YAML
+    assert cfg.plugin_params["clip"].eps_clip == 0.1  # flag beats YAML (a block's flag: --eps-clip)
     assert cfg.kl_loss_coef == 0.01       # YAML beats default (dashes accepted)
     assert cfg.n_samples_per_prompt == 4
     assert cfg.advantage_estimator == "rloo"  # alias --estimator
@@ -72,12 +75,12 @@ def test_unknown_flag_exits_2_with_a_suggestion(capsys):
 
 
 @pytest.mark.parametrize("field,value,problem", [
-    ("eps_clip", -0.1, "--eps-clip must be >= 0, got -0.1"),
-    ("eps_clip", math.nan, "--eps-clip must be finite, got nan"),
+    ("entropy_coef", -0.1, "--entropy-coef must be >= 0, got -0.1"),
+    ("entropy_coef", math.nan, "--entropy-coef must be finite, got nan"),
     ("kl_coef", math.inf, "--kl-coef must be finite, got inf"),
     ("lr", 0.0, "--lr must be > 0, got 0.0"),
     ("rollout_top_p", 1.5, "--rollout-top-p must be <= 1, got 1.5"),
-    ("eps_clip_c", 1.0, "--eps-clip-c must be > 1, got 1.0"),
+    ("loss_norm_constant", 0.0, "--loss-norm-constant must be > 0, got 0.0"),
     ("n_samples_per_prompt", 0, "--n-samples-per-prompt must be >= 1, got 0"),
     ("loss_reduction", "mean", "--loss-reduction must be one of token-mean, seq-mean-token-mean, "
                                "seq-mean-token-sum, seq-mean-token-sum-norm, got 'mean'"),
@@ -93,9 +96,18 @@ def test_value_ranges_of_core_options(field, value, problem):
     (ToyParams(beta=2.0), "toy: --toy-beta must be <= 1, got 2.0"),
     (ToyParams(beta=math.nan), "toy: --toy-beta must be finite, got nan"),
     (ToyParams(mode="c"), "toy: --toy-mode must be one of a, b, got 'c'"),
+    (DualClipParams(eps_clip=-0.1), "toy: --eps-clip must be >= 0, got -0.1"),
+    (DualClipParams(eps_clip_c=1.0), "toy: --eps-clip-c must be > 1, got 1.0"),
 ])
 def test_value_ranges_of_plugin_params(params, problem):
     assert value_problems(RunConfig(plugin_params={"toy": params})) == [problem]
+
+
+def test_a_shared_flag_out_of_range_is_reported_once_naming_its_components():
+    """--eps-clip -1 sets the block of every estimator composing it: one problem, not one each."""
+    bad = PPOClipParams(eps_clip=-1.0)
+    assert value_problems(RunConfig(plugin_params={"b": bad, "a": DualClipParams(eps_clip=-1.0)})) == [
+        "a, b: --eps-clip must be >= 0, got -1.0"]
 
 
 def test_defaults_are_in_range_and_every_option_is_documented():
@@ -112,12 +124,16 @@ def test_flags_named_as_relax():
                  "--global-batch-size", "--num-steps-per-rollout", "--num-rollout", "--max-staleness",
                  "--fully-async", "--context-parallel-size", "--tensor-parallel-size",
                  "--calculate-per-token-loss", "--normalize-advantages", "--disable-rewards-normalization",
-                 "--kl-coef", "--use-kl-loss", "--kl-loss-coef", "--kl-loss-type", "--ref-load", "--eps-clip",
-                 "--eps-clip-high", "--eps-clip-c", "--entropy-coef", "--use-rollout-logprobs", "--correction",
+                 "--kl-coef", "--use-kl-loss", "--kl-loss-coef", "--kl-loss-type", "--ref-load",
+                 "--entropy-coef", "--use-rollout-logprobs", "--correction",
                  "--reward", "--reward-processor", "--rollout-engine", "--train-backend", "--model", "--data",
                  "--output-dir", "--seed", "--rollout-temperature", "--rollout-top-p", "--rollout-top-k",
                  "--rollout-max-response-len"):
         assert flag in flags, flag
+    from relax_core.config import param_flag
+
+    assert [param_flag("grpo", f) for f in dataclasses.fields(DualClipParams)] == [  # a block's, same names
+        "--eps-clip", "--eps-clip-high", "--eps-clip-c"]
 
 
 def test_plugin_flag_colliding_with_a_core_flag_is_an_error():
@@ -127,11 +143,11 @@ def test_plugin_flag_colliding_with_a_core_flag_is_an_error():
 
     @dataclass(frozen=True)
     class Clash:
-        eps: float = param(0.1, "clashes", flag="--eps-clip")
+        eps: float = param(0.1, "clashes", flag="--entropy-coef")
 
-    with pytest.raises(ConfigError, match="--eps-clip of plugin parameter bad.eps collides with the core option"):
+    with pytest.raises(ConfigError, match="--entropy-coef of plugin parameter bad.eps collides with the core option"):
         parse_cli([], {"bad": Clash})
-    with pytest.raises(ConfigError, match="collides with the core option --eps-clip"):
+    with pytest.raises(ConfigError, match="collides with the core option --entropy-coef"):
         build_config(param_schemas={"bad": Clash})
 
 

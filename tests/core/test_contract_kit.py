@@ -12,7 +12,7 @@ from relax_core import (CorrectionCapabilities, CorrectionSpec, EngineSpec, Esti
 from relax_core.testing import check_contract, config_for
 
 CAPS = EstimatorCapabilities(supports_context_parallel=True, sync_only=False, supports_fully_async=True,
-                             min_group_size=2, policy_loss_kind="ppo_clip")
+                             min_group_size=2, behaviour_numerator="old_log_probs")
 
 
 def toy(factory="build_toy_reinforce", caps=CAPS, **kw):
@@ -75,7 +75,7 @@ def test_sync_only_and_contradictions():
 
 
 def test_capabilities_must_be_declared_and_typed():
-    assert "policy_loss_kind is not declared" in failures(toy(caps=None), distributed=False)
+    assert "behaviour_numerator must be one of old_log_probs, log_probs, got None" in failures(toy(caps=None), distributed=False)
     assert "must return a EstimatorCapabilities, got CorrectionCapabilities" in failures(
         toy(caps=lambda p: CorrectionCapabilities()), distributed=False)
 
@@ -115,7 +115,7 @@ def test_spec_problems_are_all_listed():
 
 
 def _correction(factory, caps=None):
-    caps = caps or CorrectionCapabilities(requires_fields=frozenset({"rollout_log_probs"}), compatible_policy_loss_kinds=frozenset({"*"}))
+    caps = caps or CorrectionCapabilities(requires_fields=frozenset({"rollout_log_probs"}), behaviour_numerators=frozenset({"*"}))
     return CorrectionSpec(name="toy_tis", summary="toy", source="tests", factory=f"relax_core_test_toys:{factory}",
                           capabilities=caps)
 
@@ -124,9 +124,9 @@ def test_corrections():
     check_contract(_correction("build_correction"))
     msg = failures(_correction("build_leaky_correction"))
     assert "importance weights carry no gradient: the corrected loss has a gradient w.r.t. log_probs" in msg
-    assert "declares no compatible policy-loss kind" in failures(_correction("build_correction",
+    assert "accepts no behaviour numerator" in failures(_correction("build_correction",
                                                                             CorrectionCapabilities()))
-    cp = CorrectionCapabilities(compatible_policy_loss_kinds=frozenset({"*"}), supports_context_parallel=True)
+    cp = CorrectionCapabilities(behaviour_numerators=frozenset({"*"}), supports_context_parallel=True)
     check_contract(_correction("build_correction", cp))
     msg = failures(_correction("build_sequence_correction", cp))
     assert msg.startswith("correction 'toy_tis': 1 contract check(s) failed:\n  - supports_context_parallel: "

@@ -47,7 +47,7 @@ def _batch():
 
 def _settings(reduction="token-mean", kl=0.0, ent=0.0):
     return LossSettings(reduction=reduction, norm_constant=3.0, use_kl_loss=kl > 0, kl_loss_coef=kl, kl_loss_type="k1",
-                        entropy_coef=ent, policy_loss_kind="reinforce")
+                        entropy_coef=ent, behaviour_numerator="log_probs")
 
 
 @pytest.mark.parametrize("reduction,want", [("token-mean", 2.5 / 3), ("seq-mean-token-mean", 0.5),

@@ -104,10 +104,10 @@ def test_hook_with_wrong_signature_is_caught(registry_with):
 
 
 def test_unsupported_api_version_is_refused(registry_with):
-    reg = registry_with(("future", make_plugin(estimator(api_version=4)), "relax-future", "9.0"))
+    reg = registry_with(("future", make_plugin(estimator(api_version=5)), "relax-future", "9.0"))
     assert reg.plugins[1].status == "error"
     assert reg.plugins[1].error == (
-        "ValueError: estimator 'toy' declares api_version 4; this relax-core supports [1, 2, 3]: upgrade "
+        "ValueError: estimator 'toy' declares api_version 5; this relax-core supports [1, 2, 3, 4]: upgrade "
         "relax-core or install a version of relax-future written for it")
     assert reg.names("estimator") == []
 
@@ -115,13 +115,23 @@ def test_unsupported_api_version_is_refused(registry_with):
 def test_api_version_1_loads_where_the_contract_kept_its_names_only():
     from relax_core.specs import api_version_problem
 
-    for kind in ("estimator", "correction", "reward", "reward_processor", "data_source"):
-        assert api_version_problem(kind, 1) is None and api_version_problem(kind, 2) is None
-    for kind in ("engine", "backend"):
+    for kind in ("reward", "reward_processor", "data_source"):
+        assert all(api_version_problem(kind, v) is None for v in (1, 2, 3, 4))
+    for kind in ("engine", "backend", "estimator", "correction"):
         assert "no longer load" in api_version_problem(kind, 1)
     assert api_version_problem("engine", 2) is None
     assert "since api_version 3 the core owns the optimizer step" in api_version_problem("backend", 2)
     assert api_version_problem("backend", 3) is None
+    assert api_version_problem("estimator", 3) == (   # the clip block, and the fact corrections read
+        "api_version 3 estimators no longer load: since api_version 4 the PPO-clip options are a parameter block: "
+        "compose relax_core.PPOClipParams (or DualClipParams for --eps-clip-c) in your parameters and read "
+        "params.eps_clip (RunConfig.eps_clip, eps_clip_high, eps_clip_c are gone, and uses_options no longer lists "
+        "them); policy_loss_kind is replaced by behaviour_numerator (old_log_probs for a loss with a ratio to the old "
+        "policy, log_probs for one without) (docs/guide/writing-plugins.md)")
+    assert "since api_version 4 compatible_policy_loss_kinds is replaced by behaviour_numerators" in (
+        api_version_problem("correction", 3))
+    assert api_version_problem("correction", 4) is None
+    assert api_version_problem("estimator", 4) is None
 
 
 @pytest.mark.parametrize("spec,error", [

@@ -1,10 +1,12 @@
 """Startup validation: capabilities (declared, undeclared, violated), batch arithmetic,
 every problem collected with component, distribution, capability and fix."""
 
+import dataclasses
+
 import pytest
 from relax_core_test_toys import BASE_CAPS, ToyParams, estimator, make_plugin
 
-from relax_core import CorrectionCapabilities, CorrectionSpec, EstimatorCapabilities
+from relax_core import CorrectionCapabilities, CorrectionSpec, DualClipParams, EstimatorCapabilities, param
 from relax_core.capabilities import CAPABILITIES
 from relax_core.config import RunConfig
 from relax_core.specs import SPEC_TYPES
@@ -25,7 +27,7 @@ def test_valid_default_run(registry_with):
 
 
 def test_capability_violated_error_text_is_pinned(registry_with):
-    strict = ("strict", make_plugin(estimator(caps=EstimatorCapabilities(sync_only=True, policy_loss_kind="reinforce"))),
+    strict = ("strict", make_plugin(estimator(caps=EstimatorCapabilities(sync_only=True, behaviour_numerator="log_probs"))),
               "relax-strict", "0.2.0")
     [p] = _problems(registry_with(strict), launcher="ray", fully_async=True, max_staleness=1)[:1]
     assert str(p) == (
@@ -50,13 +52,14 @@ def test_undeclared_capability_is_refused(registry_with):
                if p.constraint in ("supports_context_parallel", "supports_fully_async", "sync_only"))
 
 
-def test_undeclared_policy_loss_kind_refuses_corrections(registry_with):
+def test_undeclared_behaviour_numerator_refuses_corrections(registry_with):
     corr = CorrectionSpec(name="tis", summary="toy", source="tests", factory="x:y",
-                          capabilities=CorrectionCapabilities(compatible_policy_loss_kinds=frozenset({"ppo_clip"})))
+                          capabilities=CorrectionCapabilities(behaviour_numerators=frozenset({"old_log_probs"})))
     reg = registry_with(("bare", make_plugin(estimator())), ("tis", make_plugin(corr), "relax-tis", "1.0"))
-    [p] = [p for p in _problems(reg, correction=("tis",)) if p.constraint == "compatible_policy_loss_kinds"]
-    assert p.message == "tis is not valid with estimator 'toy' whose policy loss is 'undeclared' (needs ppo_clip)"
+    [p] = [p for p in _problems(reg, correction=("tis",)) if p.constraint == "behaviour_numerators"]
+    assert p.message == "tis is not valid with estimator 'toy' whose behaviour numerator is undeclared (needs old_log_probs)"
     assert p.component == "correction 'tis' (relax-tis 1.0)"
+    assert "rloo, or grpo --pg-loss-type reinforce" in p.fix
 
 
 def test_sync_only_estimator_refused_in_async_mode(registry_with):
@@ -76,13 +79,36 @@ def test_min_group_size_and_reward_side_kl(registry_with):
 
 
 def test_an_option_no_selected_estimator_reads_is_refused(registry_with):
-    """The PPO-clip block and reward-side KL are refused when set for an estimator that does
-    not read them (issue 18.17: m2po and dapo ignored --eps-clip silently)."""
-    problems = _problems(registry_with(TOY), eps_clip=0.3, eps_clip_high=0.28, eps_clip_c=3.0)
-    msgs = {p.constraint: p.message for p in problems}
-    assert msgs["uses_options"] == ("toy does not read --eps-clip 0.3, --eps-clip-high 0.28, --eps-clip-c 3.0: set, "
-                                    "it would be a silent no-op")
-    assert "uses_options" not in {p.constraint for p in _problems(registry_with(TOY), eps_clip=0.2)}  # the default
+    """A plugin parameter that no selected component reads is refused (issue 18.17: m2po and
+    dapo ignored --eps-clip silently); since the PPO-clip block is plugin parameters
+    (issue 17), that rule refuses --eps-clip with an estimator that does not compose it."""
+    clipper = ("clipper", make_plugin(estimator("clipper", caps=BASE_CAPS, params=DualClipParams)), "relax-clip", "1.0")
+    reg = registry_with(TOY, clipper)
+    set_ = {"toy": ToyParams(), "clipper": DualClipParams(eps_clip=0.3, eps_clip_high=0.28, eps_clip_c=3.0)}
+    problems = [p for p in resolve(RunConfig(advantage_estimator="toy", plugin_params=set_), reg)[1]
+                if p.constraint == "unread option"]
+    assert [(p.component, p.message) for p in problems] == [
+        ("config", f"{flag} is read by no selected component (it is a parameter of clipper): set, it would be a "
+                   "silent no-op") for flag in ("--eps-clip 0.3", "--eps-clip-c 3.0", "--eps-clip-high 0.28")]
+    assert problems[0].fix == "drop it (or set it to its default), or select a component that reads it"
+    selected = resolve(RunConfig(advantage_estimator="clipper", plugin_params=set_), reg)[1]
+    assert "unread option" not in {p.constraint for p in selected}           # clipper reads them
+    defaults = {"toy": ToyParams(), "clipper": DualClipParams()}
+    assert "unread option" not in {p.constraint for p in resolve(RunConfig(advantage_estimator="toy",
+                                                                           plugin_params=defaults), reg)[1]}
+
+
+def test_a_shared_flag_is_read_when_any_selected_component_declares_it(registry_with):
+    """Two components sharing a flag keep their own defaults: the unselected one's value
+    differs from its default, but the flag is read by the selected one."""
+    other = ("other", make_plugin(estimator("other", caps=BASE_CAPS, params=OtherBeta)), "relax-other", "1.0")
+    cfg = RunConfig(advantage_estimator="toy", plugin_params={"toy": ToyParams(beta=0.2), "other": OtherBeta(beta=0.2)})
+    assert "unread option" not in {p.constraint for p in resolve(cfg, registry_with(TOY, other))[1]}
+
+
+@dataclasses.dataclass(frozen=True)
+class OtherBeta:
+    beta: float = param(0.9, "Shares --toy-beta.", flag="--toy-beta")
 
 
 @pytest.mark.parametrize("cfg,messages", [
@@ -111,11 +137,11 @@ def test_batch_shape_arithmetic(registry_with, cfg, messages):
 def test_every_problem_is_collected(registry_with):
     reg = registry_with(("bare", make_plugin(estimator())))
     with pytest.raises(ValidationError) as e:
-        validate(RunConfig(advantage_estimator="toy", eps_clip=-1.0, num_steps_per_rollout=3,
+        validate(RunConfig(advantage_estimator="toy", entropy_coef=-1.0, num_steps_per_rollout=3,
                            context_parallel_size=2, rollout_engine="vllm",
                            plugin_params={"toy": ToyParams(beta=7.0)}), reg)
     constraints = [p.constraint for p in e.value.problems]
-    assert constraints.count("value range") == 2        # --eps-clip and --toy-beta
+    assert constraints.count("value range") == 2        # --entropy-coef and --toy-beta
     assert "batch shape" in constraints
     assert "unknown component" in constraints           # engine 'vllm'
     assert "supports_context_parallel" in constraints
@@ -151,7 +177,7 @@ def test_data_sources(registry_with, tmp_path):
 
 
 def test_update_weights_interval_makes_a_run_off_policy(registry_with):
-    strict = ("strict", make_plugin(estimator(caps=EstimatorCapabilities(sync_only=True, policy_loss_kind="reinforce"))),
+    strict = ("strict", make_plugin(estimator(caps=EstimatorCapabilities(sync_only=True, behaviour_numerator="log_probs"))),
               "relax-strict", "0.2.0")
     [p] = [p for p in _problems(registry_with(strict), update_weights_interval=3) if p.constraint == "sync_only"]
     assert "--update-weights-interval 3 generates with weights up to 2 steps old" in p.message

@@ -46,7 +46,7 @@ class Plugin:
     def relax_register_corrections(self):
         return [CorrectionSpec(name="toy_scale", summary="scale the loss by toy_weight", source="test",
                                factory="relax_toy_field:build_scale", fields=(TOY_FIELD,),
-                               capabilities=CorrectionCapabilities(compatible_policy_loss_kinds=frozenset({"*"}),
+                               capabilities=CorrectionCapabilities(behaviour_numerators=frozenset({"*"}),
                                                                    requires_fields=frozenset({"toy_weight"}),
                                                                    supports_fully_async=True))]
 

@@ -43,7 +43,7 @@ def test_recipes_hold_the_recommended_settings():
     if not {"cispo", "m2po", "rloo"} <= set(reg.names("estimator")):
         pytest.skip("cispo, m2po and rloo needed")
     cispo, _ = _cfg("cispo")
-    assert (cispo.eps_clip, cispo.eps_clip_high) == (0.2, 10.0)
+    assert (cispo.params_for("cispo").eps_clip, cispo.params_for("cispo").eps_clip_high) == (0.2, 10.0)
     assert cispo.use_kl_loss and cispo.kl_loss_coef == 0.001 and cispo.kl_loss_type == "low_var_kl"
     assert cispo.correction == ("tis",)
     m2po, _ = _cfg("m2po")

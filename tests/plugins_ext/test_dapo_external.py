@@ -41,7 +41,7 @@ def test_listed_and_in_the_capability_matrix(site):
     assert plugins["dapo"]["status"] == "ok" and plugins["dapo"]["distribution"] == "relax-dapo"
     assert plugins["dapo"]["path"].startswith(str(site.path))
     caps = json.loads(site.relax("capabilities", "--json").stdout)["estimator"]["components"]["dapo"]
-    assert caps["requires_per_token_loss"] is True and caps["policy_loss_kind"] == "ppo_clip"
+    assert caps["requires_per_token_loss"] is True and caps["behaviour_numerator"] == "old_log_probs"
 
 
 def test_dry_run(site):

@@ -94,7 +94,7 @@ def test_two_ranks_equal_one_process(name, tiny_model_dir, ray_local, ranks, bat
         tensors["values"] = values
     tb = tb.replace(**tensors)
     tokens, samples = global_denominators(mask)
-    settings = LossSettings.from_config(cfg, caps.policy_loss_kind)
+    settings = LossSettings.from_config(cfg, caps.behaviour_numerator)
     roles = ["actor"] + (["critic"] if setup["needs_critic"] else [])
 
     def loss_for(role):

@@ -27,7 +27,7 @@ def relax_register_estimators():
             requires_complete_groups=True,
             requires_per_token_loss=True,
             allows_reward_post_processors=True,
-            policy_loss_kind="ppo_clip",
+            behaviour_numerator="old_log_probs",
             metrics=("rollout/zero_std_group_frac",),
         ),
     )]

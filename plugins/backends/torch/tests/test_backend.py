@@ -476,7 +476,7 @@ def test_cuda_bf16_loss_path_close_to_fp32(tiny_bytes_model_dir):
     params = spec.default_params()
     cfg = RunConfig(advantage_estimator="grpo")
     est = spec.build(params, cfg)
-    settings = LossSettings.from_config(cfg, spec.capabilities_for(params).policy_loss_kind)
+    settings = LossSettings.from_config(cfg, spec.capabilities_for(params).behaviour_numerator)
     batch = _byte_batch(seed=11)
     tokens, samples = global_denominators(batch.loss_mask)
     results = {}

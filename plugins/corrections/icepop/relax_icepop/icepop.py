@@ -40,7 +40,7 @@ class IcePop:
 
     def apply(self, inp: CorrectionInput) -> CorrectionOutput:
         """``loss [B, T]`` × sg(w) ``[B, T]`` and TIS-named metrics; raises ``ValueError``
-        without rollout log-probs or for an unknown policy-loss kind."""
+        without rollout log-probs or for an unknown behaviour numerator."""
         log_ratio = behaviour_log_ratio(inp)  # [B, T]
         ratio = torch.exp(level_log_ratio(log_ratio, inp.loss_mask, "token"))  # [B, T]
         weight = self.is_weight(ratio)

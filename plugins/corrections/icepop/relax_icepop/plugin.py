@@ -2,9 +2,8 @@
 
 from dataclasses import dataclass
 
-from relax_core import CorrectionCapabilities, CorrectionSpec, hookimpl, param
+from relax_core import BEHAVIOUR_NUMERATORS, CorrectionCapabilities, CorrectionSpec, hookimpl, param
 
-KINDS = frozenset({"ppo_clip", "sequence_ppo_clip", "cispo", "soft_gate", "reinforce"})
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,7 @@ def relax_register_corrections():
         params=IcePopParams,
         capabilities=CorrectionCapabilities(
             requires_fields=frozenset({"rollout_log_probs"}),
-            compatible_policy_loss_kinds=KINDS,
+            behaviour_numerators=frozenset(BEHAVIOUR_NUMERATORS),  # ρ with either numerator
             conflicts_with_rollout_logprobs_as_old=True,
             conflicts_with=frozenset({"tis"}),
             order=10,

@@ -14,7 +14,7 @@ from relax_icepop.icepop import IcePop, build
 from relax_icepop.plugin import IcePopParams
 
 
-def make_input(log_ratio, *, current=None, kind="ppo_clip", mask=None, adv=None):
+def make_input(log_ratio, *, current=None, numerator="old_log_probs", mask=None, adv=None):
     old = torch.as_tensor(log_ratio, dtype=torch.float32)
     old = old.reshape(1, -1) if old.dim() == 1 else old
     rollout = torch.zeros_like(old)
@@ -22,7 +22,7 @@ def make_input(log_ratio, *, current=None, kind="ppo_clip", mask=None, adv=None)
     mask = torch.ones(old.shape, dtype=torch.bool) if mask is None else mask
     adv = torch.ones(old.shape) if adv is None else adv
     return CorrectionInput(loss=-adv * log_probs, log_probs=log_probs, old_log_probs=old, advantages=adv,
-                           loss_mask=mask, policy_loss_kind=kind, rollout_log_probs=rollout)
+                           loss_mask=mask, behaviour_numerator=numerator, rollout_log_probs=rollout)
 
 
 def test_pinned_values_keep_tokens_zero_and_four():
@@ -61,7 +61,7 @@ def test_not_renormalised_by_kept_tokens():
 def test_reinforce_numerator_and_no_gradient_through_weight():
     old, cur = torch.zeros(1, 3), torch.tensor([[0.2, -1.0, 0.9]])
     adv = torch.tensor([[1.0, -1.0, 2.0]])
-    inp = make_input(old, current=cur, kind="reinforce", adv=adv)
+    inp = make_input(old, current=cur, numerator="log_probs", adv=adv)
     out = IcePop(0.5, 2.0).apply(inp)
     rho = torch.exp(cur)
     expect_w = torch.where((rho >= 0.5) & (rho <= 2.0), rho, torch.zeros(()))

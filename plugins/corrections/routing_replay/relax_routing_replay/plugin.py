@@ -15,7 +15,7 @@ def relax_register_corrections():
             needs_moe_model=True,
             requires_fields=frozenset({"routed_experts"}),
             needs_routing_replay=True,
-            compatible_policy_loss_kinds=frozenset({"*"}),
+            behaviour_numerators=frozenset({"*"}),
             order=0,
             supports_context_parallel=True,
             supports_fully_async=True,

@@ -19,13 +19,13 @@ def test_apply_returns_the_loss_unchanged():
     loss = -lp * 2
     out = build(None, None).apply(CorrectionInput(
         loss=loss, log_probs=lp, old_log_probs=lp.detach(), advantages=torch.ones(2, 3),
-        loss_mask=torch.ones(2, 3, dtype=torch.bool), policy_loss_kind="ppo_clip"))
+        loss_mask=torch.ones(2, 3, dtype=torch.bool), behaviour_numerator="old_log_probs"))
     assert out.loss is loss and not out.token_metrics
 
 
 def test_capabilities():
     caps = relax_register_corrections()[0].capabilities_for()
-    assert caps.needs_moe_model and caps.needs_routing_replay and "routed_experts" in caps.requires_fields and "*" in caps.compatible_policy_loss_kinds
+    assert caps.needs_moe_model and caps.needs_routing_replay and "routed_experts" in caps.requires_fields and "*" in caps.behaviour_numerators
 
 
 def _dry_run(*args):

@@ -21,7 +21,7 @@ def relax_register_corrections():
         params=ScoreCenteringParams,
         capabilities=CorrectionCapabilities(
             requires_fields=frozenset({"rollout_log_probs", "top_k_ids", "top_k_log_probs", "train_top_k_log_probs"}),
-            compatible_policy_loss_kinds=frozenset({"reinforce"}),
+            behaviour_numerators=frozenset({"log_probs"}),  # a ratio-free (REINFORCE) loss
             sampling=SamplingConstraints(temperature_positive=True, top_p_one=True, top_k_disabled=True,
                                          no_penalties=True),
             order=20,  # after tis / icepop: their weight is on the sampled token already

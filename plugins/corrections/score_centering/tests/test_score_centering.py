@@ -60,7 +60,7 @@ def sc_input(z, q_head_log, ids, sampled, adv, *, loss=None, mask=None, rollout=
     loss = -adv * log_probs if loss is None else loss
     return CorrectionInput(
         loss=loss, log_probs=log_probs, old_log_probs=log_probs.detach(), advantages=adv, loss_mask=mask,
-        policy_loss_kind="reinforce", rollout_log_probs=rollout, top_k_ids=ids[:, None],
+        behaviour_numerator="log_probs", rollout_log_probs=rollout, top_k_ids=ids[:, None],
         top_k_log_probs=q_head_log[:, None], train_top_k_log_probs=train_head, is_weight=is_weight,
         response_ids=response_ids)
 
@@ -139,7 +139,7 @@ def test_gradient_of_head_is_advantage_times_residual_and_weights_detached():
     adv = torch.tensor([[2.0], [-1.0]])
     log_probs = lp[:, :1].clone().requires_grad_(True)
     inp = CorrectionInput(loss=-adv * log_probs, log_probs=log_probs, old_log_probs=log_probs.detach(),
-                          advantages=adv, loss_mask=torch.ones(2, 1, dtype=torch.bool), policy_loss_kind="reinforce",
+                          advantages=adv, loss_mask=torch.ones(2, 1, dtype=torch.bool), behaviour_numerator="log_probs",
                           top_k_ids=ids[:, None], top_k_log_probs=q_log[:, None], train_top_k_log_probs=train_head,
                           is_weight=TIS_RULE)
     out = ScoreCentering(2).apply(inp)
@@ -169,7 +169,7 @@ def test_masked_garbage_changes_neither_loss_nor_gradients():
         lpr = torch.where(mask, lp[..., 0], torch.full_like(mask, fill, dtype=torch.float32)).requires_grad_(True)
         a = torch.where(mask, adv, torch.full_like(adv, fill))
         inp = CorrectionInput(loss=-a * lpr, log_probs=lpr, old_log_probs=lpr.detach(), advantages=a,
-                              loss_mask=mask, policy_loss_kind="reinforce", top_k_ids=bad_ids, top_k_log_probs=qh,
+                              loss_mask=mask, behaviour_numerator="log_probs", top_k_ids=bad_ids, top_k_log_probs=qh,
                               train_top_k_log_probs=th, is_weight=MIS_RULE)
         out = ScoreCentering(k).apply(inp)
         (gh,) = torch.autograd.grad(torch.where(mask, out.loss, 0.0).sum(), th)
@@ -188,7 +188,7 @@ def test_bfloat16_heads():
     log_probs = lp[:, :1].clone().requires_grad_(True)
     head = lp.gather(-1, ids)[:, None].clone().requires_grad_(True)
     inp = CorrectionInput(loss=-adv * log_probs, log_probs=log_probs, old_log_probs=log_probs.detach(), advantages=adv,
-                          loss_mask=torch.ones(2, 1, dtype=torch.bool), policy_loss_kind="reinforce",
+                          loss_mask=torch.ones(2, 1, dtype=torch.bool), behaviour_numerator="log_probs",
                           top_k_ids=ids[:, None], top_k_log_probs=head.detach().float() - 0.1,
                           train_top_k_log_probs=head)
     out = ScoreCentering(2).apply(inp)
@@ -233,9 +233,9 @@ def _dry_run(*args):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--advantage-estimator", "cispo", "--calculate-per-token-loss"], "policy loss is 'cispo' (needs reinforce)"),
-    (["--advantage-estimator", "grpo"], "policy loss is 'ppo_clip' (needs reinforce)"),
-    (["--advantage-estimator", "gspo"], "policy loss is 'sequence_ppo_clip' (needs reinforce)"),
+    (["--advantage-estimator", "cispo", "--calculate-per-token-loss"], "behaviour numerator is old_log_probs (needs log_probs)"),
+    (["--advantage-estimator", "grpo"], "behaviour numerator is old_log_probs (needs log_probs)"),
+    (["--advantage-estimator", "gspo"], "behaviour numerator is old_log_probs (needs log_probs)"),
     (["--advantage-estimator", "rloo", "--calculate-per-token-loss", "--rollout-top-p", "0.9"], "--rollout-top-p must be 1"),
     (["--advantage-estimator", "rloo", "--calculate-per-token-loss", "--rollout-top-k", "8"], "--rollout-top-k must be -1"),
     (["--advantage-estimator", "rloo", "--calculate-per-token-loss", "--rollout-temperature", "0"], "--rollout-temperature must be > 0"),

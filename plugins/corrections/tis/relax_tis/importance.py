@@ -8,12 +8,13 @@ corrections guide (``docs/guide/corrections.md``).
 Glossary (per response token t): q = the rollout engine's sampling distribution
 (``rollout_log_probs``), p_0 = the old policy recomputed by the trainer
 (``old_log_probs``), p_θ = the current policy (``log_probs``).  The behaviour ratio is
-ρ = exp(log num − log q) where the numerator depends on the estimator's policy-loss kind:
+ρ = exp(log num − log q) where the numerator is the estimator's declared
+``behaviour_numerator`` (``CorrectionInput.behaviour_numerator`` names the field):
 
-- PPO kinds (:data:`PPO_KINDS`): num = p_0.  PPO's own ratio r = p_θ/p_0 handles the
-  update; ρ = p_0/q corrects the behaviour distribution, so r·ρ = p_θ/q when unclipped.
-- REINFORCE kinds (:data:`REINFORCE_KINDS`, no PPO ratio): num = sg(p_θ), the current
-  policy detached.
+- ``old_log_probs`` (a loss with a ratio to the old policy: PPO-clip, CISPO, SAPO, GSPO...):
+  num = p_0.  The estimator's ratio r = p_θ/p_0 handles the update; ρ = p_0/q corrects the
+  behaviour distribution, so r·ρ = p_θ/q when unclipped.
+- ``log_probs`` (no ratio, −sg(A)·log p_θ): num = sg(p_θ), the current policy detached.
 
 Levels: ``token`` ρ_t; ``sequence`` Π_t ρ_t = exp(Σ_t log ρ_t); ``geometric``
 exp(mean_t log ρ_t), the sequence values broadcast to the sample's tokens.  Example: 1000
@@ -29,36 +30,29 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from relax_core import BEHAVIOUR_NUMERATORS
 from relax_core.contracts import CorrectionInput
 from relax_core.numerics import masked_fill_zero
 from relax_core.policy import LOG_RATIO_CLAMP
 
-#: Policy-loss kinds with a PPO-style ratio against the old policy: ρ uses p_0.
-PPO_KINDS = frozenset({"ppo_clip", "sequence_ppo_clip", "cispo", "soft_gate"})
-#: Policy-loss kinds without a ratio (−sg(A)·log p_θ): ρ uses sg(p_θ).
-REINFORCE_KINDS = frozenset({"reinforce"})
 LEVELS = ("token", "sequence", "geometric")
 
 
 def behaviour_log_ratio(inp: CorrectionInput) -> Tensor:
     """Token log-ratio log num − log q, float32 ``[B, T]``, detached, 0 at masked positions.
 
-    The numerator is ``old_log_probs`` for :data:`PPO_KINDS` and ``log_probs.detach()`` for
-    :data:`REINFORCE_KINDS`.
+    The numerator is the field ``inp.behaviour_numerator`` names, detached.
 
     Raises:
-        ValueError: ``rollout_log_probs`` is missing, or ``policy_loss_kind`` is neither.
+        ValueError: ``rollout_log_probs`` is missing, or ``behaviour_numerator`` is not one
+            of :data:`relax_core.BEHAVIOUR_NUMERATORS`.
     """
     if inp.rollout_log_probs is None:
         raise ValueError("the rollout engine returned no per-token log-probs (rollout_log_probs is None)")
-    if inp.policy_loss_kind in PPO_KINDS:
-        num = inp.old_log_probs
-    elif inp.policy_loss_kind in REINFORCE_KINDS:
-        num = inp.log_probs
-    else:
-        raise ValueError(f"no behaviour-ratio numerator is defined for policy loss kind {inp.policy_loss_kind!r}; "
-                         f"known: {', '.join(sorted(PPO_KINDS | REINFORCE_KINDS))}")
-    diff = num.detach().float() - inp.rollout_log_probs.detach().float()
+    if inp.behaviour_numerator not in BEHAVIOUR_NUMERATORS:
+        raise ValueError(f"behaviour numerator {inp.behaviour_numerator!r} is not one of "
+                         f"{', '.join(BEHAVIOUR_NUMERATORS)}")
+    diff = getattr(inp, inp.behaviour_numerator).detach().float() - inp.rollout_log_probs.detach().float()
     return masked_fill_zero(diff, inp.loss_mask.bool())
 
 

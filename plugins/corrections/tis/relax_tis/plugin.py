@@ -2,10 +2,8 @@
 
 from dataclasses import dataclass
 
-from relax_core import CorrectionCapabilities, CorrectionSpec, hookimpl, param
+from relax_core import BEHAVIOUR_NUMERATORS, CorrectionCapabilities, CorrectionSpec, hookimpl, param
 
-#: Policy-loss kinds TIS is defined for (numerator p_0 for the PPO kinds, sg(p_θ) for reinforce).
-KINDS = frozenset({"ppo_clip", "sequence_ppo_clip", "cispo", "soft_gate", "reinforce"})
 
 
 @dataclass(frozen=True)
@@ -29,7 +27,7 @@ def _capabilities(p: TISParams) -> CorrectionCapabilities:
     token = p.level == "token"
     return CorrectionCapabilities(
         requires_fields=frozenset({"rollout_log_probs"}),
-        compatible_policy_loss_kinds=KINDS,
+        behaviour_numerators=frozenset(BEHAVIOUR_NUMERATORS),  # ρ with either numerator
         conflicts_with_rollout_logprobs_as_old=True,
         # one importance weight per token: ICE-POP would weight twice; score centering needs
         # a token-level rule for its head weights

@@ -43,7 +43,7 @@ class TIS:
         """``loss [B, T]`` × sg(w) ``[B, T]``; metrics ``tis``, ``tis_clipfrac``, ``tis_abs``,
         ``ois``, ``train_rollout_logprob_abs_diff`` (``[B, T]``, 0 where masked).
 
-        Raises ``ValueError`` without rollout log-probs or for an unknown policy-loss kind."""
+        Raises ``ValueError`` without rollout log-probs or for an unknown behaviour numerator."""
         log_ratio = behaviour_log_ratio(inp)  # [B, T] float32, detached
         ratio = torch.exp(level_log_ratio(log_ratio, inp.loss_mask, self.level))  # [B, T]
         weight = self.is_weight(ratio)  # [B, T]

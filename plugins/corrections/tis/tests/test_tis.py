@@ -1,4 +1,4 @@
-"""TIS: pinned weights, numerator by policy-loss kind, levels, metrics, gradients, masking."""
+"""TIS: pinned weights, numerator by the estimator's behaviour numerator, levels, metrics, gradients, masking."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from relax_tis.plugin import TISParams
 from relax_tis.tis import TIS, build
 
 
-def make_input(old, rollout, *, current=None, kind="ppo_clip", mask=None, adv=None, dtype=torch.float32):
+def make_input(old, rollout, *, current=None, numerator="old_log_probs", mask=None, adv=None, dtype=torch.float32):
     old = torch.as_tensor(old, dtype=dtype)
     old = old.reshape(1, -1) if old.dim() == 1 else old
     rollout = torch.as_tensor(rollout, dtype=dtype).reshape(old.shape)
@@ -22,7 +22,7 @@ def make_input(old, rollout, *, current=None, kind="ppo_clip", mask=None, adv=No
     adv = torch.ones(old.shape, dtype=dtype) if adv is None else adv
     loss = -adv * log_probs  # a REINFORCE-shaped per-token loss, differentiable
     return CorrectionInput(loss=loss, log_probs=log_probs, old_log_probs=old, advantages=adv, loss_mask=mask,
-                           policy_loss_kind=kind, rollout_log_probs=rollout)
+                           behaviour_numerator=numerator, rollout_log_probs=rollout)
 
 
 def weights(corr, inp):
@@ -51,13 +51,12 @@ def test_slime_weight_rule_and_rho_four():
     assert w.item() == pytest.approx(2.0)
 
 
-def test_numerator_is_old_for_ppo_kinds_and_current_for_reinforce():
+def test_numerator_is_the_field_the_estimator_declares():
     old, cur, q = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-0.5, -2.5]]), torch.tensor([[-1.2, -2.2]])
-    for kind in ("ppo_clip", "sequence_ppo_clip", "cispo", "soft_gate"):
-        w, out = weights(TIS(0.0, 10.0, "token"), make_input(old, q, current=cur, kind=kind))
-        torch.testing.assert_close(w, torch.exp(old - q))
-        torch.testing.assert_close(out.token_metrics["ois"], torch.exp(cur - old))
-    w, out = weights(TIS(0.0, 10.0, "token"), make_input(old, q, current=cur, kind="reinforce"))
+    w, out = weights(TIS(0.0, 10.0, "token"), make_input(old, q, current=cur, numerator="old_log_probs"))
+    torch.testing.assert_close(w, torch.exp(old - q))
+    torch.testing.assert_close(out.token_metrics["ois"], torch.exp(cur - old))
+    w, out = weights(TIS(0.0, 10.0, "token"), make_input(old, q, current=cur, numerator="log_probs"))
     torch.testing.assert_close(w, torch.exp(cur - q))
     torch.testing.assert_close(out.token_metrics["train_rollout_logprob_abs_diff"], (cur - q).abs())
 
@@ -91,7 +90,7 @@ def test_weights_carry_no_gradient():
     # REINFORCE: the numerator is the current policy, which has grad; the weight must not
     old, cur, q = torch.zeros(1, 4), torch.tensor([[-0.2, 0.3, 1.5, -0.7]]), torch.zeros(1, 4)
     adv = torch.tensor([[1.0, -2.0, 0.5, 3.0]])
-    inp = make_input(old, q, current=cur, kind="reinforce", adv=adv)
+    inp = make_input(old, q, current=cur, numerator="log_probs", adv=adv)
     out = TIS(0.0, 2.0, "token").apply(inp)
     (grad,) = torch.autograd.grad(out.loss.sum(), inp.log_probs)
     torch.testing.assert_close(grad, -adv * torch.exp(cur - q).clamp(0, 2))
@@ -107,7 +106,7 @@ def test_masked_garbage_changes_neither_loss_nor_gradient():
         for fill in (0.0, float("nan"), 1e9):
             o = torch.where(garbage, torch.full_like(old, fill), old)
             r = torch.where(garbage, torch.full_like(q, -fill), q)
-            inp = make_input(o, r, current=torch.where(garbage, torch.zeros(()), o), mask=mask, kind="reinforce")
+            inp = make_input(o, r, current=torch.where(garbage, torch.zeros(()), o), mask=mask, numerator="log_probs")
             out = TIS(0.0, 2.0, level).apply(inp)
             (g,) = torch.autograd.grad(torch.where(mask, out.loss, 0.0).sum(), inp.log_probs)
             res.append((out.loss.detach()[mask], g, {k: v for k, v in out.token_metrics.items()}))
@@ -134,8 +133,8 @@ def test_empty_response_and_bfloat16():
 def test_errors():
     with pytest.raises(ValueError, match="no per-token log-probs"):
         TIS(0.0, 2.0, "token").apply(make_input([0.0], [0.0]).replace(rollout_log_probs=None))
-    with pytest.raises(ValueError, match="policy loss kind 'weird'"):
-        TIS(0.0, 2.0, "token").apply(make_input([0.0], [0.0], kind="weird"))
+    with pytest.raises(ValueError, match="behaviour numerator 'weird' is not one of old_log_probs, log_probs"):
+        TIS(0.0, 2.0, "token").apply(make_input([0.0], [0.0], numerator="weird"))
     with pytest.raises(ValueError, match="tis-clip-low"):
         build(TISParams(clip_low=3.0, clip=2.0), None)
     assert build(TISParams(), None).clip_low == 0.0

@@ -78,8 +78,8 @@ class CISPO:
 
 
 def build(params, config: RunConfig | None) -> CISPO:
-    """Factory (``relax_cispo.cispo:build``): ``--eps-clip`` / ``--eps-clip-high`` from the run config."""
+    """Factory (``relax_cispo.cispo:build``): ``--eps-clip`` / ``--eps-clip-high`` from ``params``."""
     cfg = config if config is not None else RunConfig()
-    return CISPO(eps_clip=cfg.eps_clip, eps_clip_high=cfg.effective_eps_clip_high,
+    return CISPO(eps_clip=params.eps_clip, eps_clip_high=params.effective_eps_clip_high,
                  std_normalization=not params.disable_grpo_std_normalization,
                  normalize_rewards=not cfg.disable_rewards_normalization)

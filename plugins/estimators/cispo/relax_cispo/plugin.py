@@ -1,17 +1,23 @@
 """Hook implementations of relax-cispo (registration only; nothing heavy imported)."""
 
-from relax_core import EstimatorCapabilities, EstimatorSpec, GroupAdvantageParams, hookimpl
+from dataclasses import dataclass
+
+from relax_core import EstimatorCapabilities, EstimatorSpec, GroupAdvantageParams, PPOClipParams, hookimpl
+
+
+@dataclass(frozen=True)
+class CISPOParams(PPOClipParams, GroupAdvantageParams):
+    """The clip band of the IS weight (no dual clip) and the group-advantage block."""
 
 
 CAPABILITIES = EstimatorCapabilities(
-    uses_options=frozenset({"eps_clip", "eps_clip_high"}),
     supports_context_parallel=True,  # token-local loss
     sync_only=False,
     supports_fully_async=True,  # the clipped IS weight corrects stale samples
     min_group_size=2,  # group std of one sample is undefined
     requires_complete_groups=True,
     requires_per_token_loss=True,  # the spec normalises by the total response tokens
-    policy_loss_kind="cispo",
+    behaviour_numerator="old_log_probs",
     allows_reward_post_processors=True,
     metrics=("rollout/zero_std_group_frac",),
 )
@@ -26,6 +32,6 @@ def relax_register_estimators():
                 "--kl-loss-type low_var_kl --correction tis --clip-grad 1.0.",
         source="MiniMax 2025, 'MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention', §3.1 eq. (4)-(5)",
         factory="relax_cispo.cispo:build",
-        params=GroupAdvantageParams,
+        params=CISPOParams,
         capabilities=CAPABILITIES,
     )]

@@ -32,13 +32,13 @@ def _inp(log_pi, ratio, A, mask=None, dtype=torch.float32):
 
 def test_weight_values_and_gradient_from_issue():
     inp = _inp([[-1.0]], [[1.5]], [[1.0]])
-    out = _build(RunConfig(eps_clip=0.2, eps_clip_high=0.28)).policy_loss(inp)
+    out = _build(eps_clip=0.2, eps_clip_high=0.28).policy_loss(inp)
     assert out.loss.item() == pytest.approx(-1.28 * 1.0 * -1.0)  # ŵ = 1.28
     out.loss.sum().backward()
     assert inp.log_probs.grad.item() == pytest.approx(-1.28)
     assert out.token_metrics["pg_clipfrac"].item() == 1.0
     inp = _inp([[-1.0]], [[0.5]], [[1.0]])
-    out = _build(RunConfig(eps_clip=0.2)).policy_loss(inp)
+    out = _build(eps_clip=0.2).policy_loss(inp)
     out.loss.sum().backward()
     assert inp.log_probs.grad.item() == pytest.approx(-0.8)  # ŵ = 0.8 (lower clip lifts the weight)
     assert out.token_metrics["pg_clipfrac"].item() == 0.0  # A > 0: the lower side does not bind
@@ -62,7 +62,7 @@ def test_gradient_matches_formula_random_and_mask_is_inert():
     m[1] = False
     lp = lp0.clone().requires_grad_(True)
     old = lp0 - torch.log(ratio)
-    out = _build(RunConfig(eps_clip=0.2, eps_clip_high=0.28)).policy_loss(PolicyLossInput(log_probs=lp, old_log_probs=old, advantages=A, loss_mask=m))
+    out = _build(eps_clip=0.2, eps_clip_high=0.28).policy_loss(PolicyLossInput(log_probs=lp, old_log_probs=old, advantages=A, loss_mask=m))
     out.loss.sum().backward()
     w = ratio.clamp(0.8, 1.28)
     torch.testing.assert_close(lp.grad, torch.where(m, -w * A, torch.zeros(())))
@@ -70,7 +70,7 @@ def test_gradient_matches_formula_random_and_mask_is_inert():
     assert torch.equal(out.token_metrics["pg_clipfrac"].bool(), expect_clip)
     # garbage in masked slots changes nothing
     lp2 = torch.where(m, lp0, torch.full_like(lp0, NAN)).requires_grad_(True)
-    out2 = _build(RunConfig(eps_clip=0.2, eps_clip_high=0.28)).policy_loss(PolicyLossInput(
+    out2 = _build(eps_clip=0.2, eps_clip_high=0.28).policy_loss(PolicyLossInput(
         log_probs=lp2, old_log_probs=torch.where(m, old, 1e9), advantages=torch.where(m, A, NAN), loss_mask=m))
     out2.loss.sum().backward()
     torch.testing.assert_close(out2.loss, out.loss)
@@ -98,13 +98,16 @@ def test_advantages_are_grpo_advantages():
 def test_capabilities_and_recommendation_shown():
     spec = _spec()
     c = spec.capabilities_for()
-    assert c.policy_loss_kind == "cispo" and c.requires_per_token_loss and c.min_group_size == 2
+    assert c.behaviour_numerator == "old_log_probs" and c.requires_per_token_loss and c.min_group_size == 2
     assert "--eps-clip-high 10" in spec.summary
     reg = default_registry()
     cfg = build_config(cli={"advantage_estimator": "cispo", "kl_coef": 0.1}, param_schemas=reg.param_schemas())
     assert "uses_options" in [p.constraint for p in resolve(cfg, reg)[1]]
     cfg = build_config(cli={"advantage_estimator": "cispo", "eps_clip_c": 3.0}, param_schemas=reg.param_schemas())
-    assert "uses_options" in [p.constraint for p in resolve(cfg, reg)[1]]  # CISPO has no dual clip
+    assert "unread option" in [p.constraint for p in resolve(cfg, reg)[1]]  # CISPO has no dual clip
+    cfg = build_config(cli={"advantage_estimator": "cispo", "eps_clip": 0.3, "calculate_per_token_loss": True},
+                       param_schemas=reg.param_schemas())
+    assert resolve(cfg, reg)[1] == [] and cfg.params_for("cispo").eps_clip == 0.3  # the block it composes
 
 
 def test_contract():

@@ -53,10 +53,10 @@ class GRPO:
 
 
 def build(params, config: RunConfig | None) -> GRPO:
-    """Factory (``relax_grpo.grpo:build``): ``--eps-clip``, ``--eps-clip-high``, ``--eps-clip-c``
-    and ``--disable-rewards-normalization`` from the run config, the rest from ``params``."""
+    """Factory (``relax_grpo.grpo:build``): ``--disable-rewards-normalization`` from the run
+    config, the rest (the clip block among them) from ``params``."""
     cfg = config if config is not None else RunConfig()
-    return GRPO(eps_clip=cfg.eps_clip, eps_clip_high=cfg.effective_eps_clip_high, eps_clip_c=cfg.eps_clip_c,
+    return GRPO(eps_clip=params.eps_clip, eps_clip_high=params.effective_eps_clip_high, eps_clip_c=params.eps_clip_c,
                 std_normalization=not params.disable_grpo_std_normalization,
                 normalize_rewards=not cfg.disable_rewards_normalization,
                 pg_loss_type=params.pg_loss_type)

@@ -1,15 +1,24 @@
 """Hook implementations of relax-grpo (registration only; nothing heavy imported)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from relax_core import EstimatorCapabilities, EstimatorSpec, GroupAdvantageParams, hookimpl, param
+from relax_core import DualClipParams, EstimatorCapabilities, EstimatorSpec, GroupAdvantageParams, hookimpl, param
 
 
 @dataclass(frozen=True)
-class GRPOParams(GroupAdvantageParams):
+class GRPOParams(DualClipParams, GroupAdvantageParams):
     pg_loss_type: str = param(
         "ppo_clip", "ppo_clip (clipped surrogate) or reinforce (-sg(A)·log π, unclipped; for score centering).",
         flag="--pg-loss-type", choices=("ppo_clip", "reinforce"))
+
+    def problems(self) -> list[tuple[str, str]]:
+        """The REINFORCE loss has no clip: a clip margin set with it would be a silent no-op."""
+        if self.pg_loss_type != "reinforce":
+            return []
+        unread = [f"{f.metadata['flag']} {v}" for f in fields(DualClipParams)
+                  if (v := getattr(self, f.name)) != f.default]
+        return [(f"--pg-loss-type reinforce does not read {', '.join(unread)}: set, it would be a silent no-op",
+                 "drop those flags, or use --pg-loss-type ppo_clip")] if unread else []
 
 
 def _capabilities(p: GRPOParams) -> EstimatorCapabilities:
@@ -20,8 +29,7 @@ def _capabilities(p: GRPOParams) -> EstimatorCapabilities:
         min_group_size=2,
         requires_complete_groups=True,
         allows_reward_post_processors=True,
-        policy_loss_kind="reinforce" if p.pg_loss_type == "reinforce" else "ppo_clip",
-        uses_options=frozenset() if p.pg_loss_type == "reinforce" else frozenset({"eps_clip", "eps_clip_high", "eps_clip_c"}),
+        behaviour_numerator="log_probs" if p.pg_loss_type == "reinforce" else "old_log_probs",
         metrics=("rollout/zero_std_group_frac",),
     )
 

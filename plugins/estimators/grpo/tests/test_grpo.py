@@ -40,8 +40,8 @@ def test_registered_with_capabilities():
     spec = _spec()
     caps = spec.capabilities_for()
     assert spec.factory == "relax_grpo.grpo:build"
-    assert caps.min_group_size == 2 and caps.policy_loss_kind == "ppo_clip" and "kl_coef" not in caps.uses_options
-    assert spec.capabilities_for(spec.params(pg_loss_type="reinforce")).policy_loss_kind == "reinforce"
+    assert caps.min_group_size == 2 and caps.behaviour_numerator == "old_log_probs" and "kl_coef" not in caps.uses_options
+    assert spec.capabilities_for(spec.params(pg_loss_type="reinforce")).behaviour_numerator == "log_probs"
 
 
 def test_advantage_values_from_issue():
@@ -94,11 +94,11 @@ def test_ppo_clip_values_and_clipfrac():
     torch.testing.assert_close(inp.log_probs.grad, torch.tensor([[-0.5, 0.0, 1.5, 0.0]]))
 
 
-def test_eps_clip_high_and_dual_clip_come_from_config():
+def test_eps_clip_high_and_dual_clip_come_from_the_clip_block():
     inp = _loss_in([[1.5, 4.0]], [[1.0, -1.0]])
-    out = _build(RunConfig(eps_clip=0.2, eps_clip_high=0.28, eps_clip_c=3.0)).policy_loss(inp)
+    out = _build(eps_clip=0.2, eps_clip_high=0.28, eps_clip_c=3.0).policy_loss(inp)
     torch.testing.assert_close(out.loss, torch.tensor([[-1.28, 3.0]]))
-    out = _build(RunConfig(eps_clip=0.1)).policy_loss(inp)  # eps_clip_high defaults to eps_clip
+    out = _build(eps_clip=0.1).policy_loss(inp)  # eps_clip_high defaults to eps_clip
     torch.testing.assert_close(out.loss, torch.tensor([[-1.1, 4.0]]))
 
 
@@ -159,8 +159,10 @@ def test_startup_refuses_kl_coef_and_groups_of_one():
     assert [p.constraint for p in probs] == ["uses_options"]
     assert "relax-grpo" in probs[0].component and "--use-kl-loss" in probs[0].fix
     assert [p.constraint for p in _problems(advantage_estimator="grpo", eps_clip=0.3)] == []
-    assert [p.constraint for p in _problems(advantage_estimator="grpo", eps_clip=0.3, **{"grpo.pg_loss_type": "reinforce"})] == [
-        "uses_options"]  # REINFORCE has no clip
+    [p] = _problems(advantage_estimator="grpo", eps_clip=0.3, **{"grpo.pg_loss_type": "reinforce"})  # no clip
+    assert (p.constraint, p.message, p.fix) == (
+        "parameters", "grpo: --pg-loss-type reinforce does not read --eps-clip 0.3: set, it would be a silent no-op",
+        "drop those flags, or use --pg-loss-type ppo_clip")
     probs = _problems(advantage_estimator="grpo", n_samples_per_prompt=1)
     assert [p.constraint for p in probs] == ["min_group_size"]
     assert _problems(advantage_estimator="grpo") == []

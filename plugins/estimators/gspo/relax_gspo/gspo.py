@@ -80,8 +80,8 @@ class GSPO:
 
 
 def build(params, config: RunConfig | None) -> GSPO:
-    """Factory (``relax_gspo.gspo:build``): clip margins from the run config."""
+    """Factory (``relax_gspo.gspo:build``): clip margins from ``params``."""
     cfg = config if config is not None else RunConfig()
-    return GSPO(eps_clip=cfg.eps_clip, eps_clip_high=cfg.effective_eps_clip_high, eps_clip_c=cfg.eps_clip_c,
+    return GSPO(eps_clip=params.eps_clip, eps_clip_high=params.effective_eps_clip_high, eps_clip_c=params.eps_clip_c,
                 std_normalization=not params.disable_grpo_std_normalization,
                 normalize_rewards=not cfg.disable_rewards_normalization)

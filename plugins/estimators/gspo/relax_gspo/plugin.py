@@ -1,10 +1,16 @@
 """Hook implementations of relax-gspo (registration only; nothing heavy imported)."""
 
-from relax_core import EstimatorCapabilities, EstimatorSpec, GroupAdvantageParams, hookimpl
+from dataclasses import dataclass
+
+from relax_core import DualClipParams, EstimatorCapabilities, EstimatorSpec, GroupAdvantageParams, hookimpl
+
+
+@dataclass(frozen=True)
+class GSPOParams(DualClipParams, GroupAdvantageParams):
+    """The clip block (on the sequence ratio) and the group-advantage block."""
 
 
 CAPABILITIES = EstimatorCapabilities(
-    uses_options=frozenset({"eps_clip", "eps_clip_high", "eps_clip_c"}),
     # The ratio of a token depends on its whole sequence's log-ratios: a context-parallel
     # shard cannot compute it alone (not verified with all-reduced sums), so CP is refused.
     supports_context_parallel=False,
@@ -15,7 +21,7 @@ CAPABILITIES = EstimatorCapabilities(
     forbids_per_token_loss=True,  # one ratio per sequence: the objective is a per-sample mean
     kl_level="sequence",
     needs_full_sequence=True,
-    policy_loss_kind="sequence_ppo_clip",
+    behaviour_numerator="old_log_probs",
     allows_reward_post_processors=True,
     metrics=("rollout/zero_std_group_frac",),
 )
@@ -28,6 +34,6 @@ def relax_register_estimators():
         summary="GSPO: GRPO advantages, PPO-clip on one ratio per sequence r = exp(mean_t(log π - log π_old)).",
         source="Zheng et al. 2025, 'Group Sequence Policy Optimization', §4.1 eq. (5)-(7)",
         factory="relax_gspo.gspo:build",
-        params=GroupAdvantageParams,
+        params=GSPOParams,
         capabilities=CAPABILITIES,
     )]

@@ -49,7 +49,7 @@ def test_gradient_matches_formula_random():
     lp = (old + 0.3 * torch.randn(B, T, generator=g)).requires_grad_(True)
     A = torch.randn(B, generator=g)[:, None].expand(B, T).contiguous()
     m = torch.arange(T)[None, :] < torch.tensor([5, 3, 0, 1, 4, 2])[:, None]  # sample 2 empty
-    out = _build(RunConfig(eps_clip=0.1, eps_clip_high=0.15)).policy_loss(PolicyLossInput(log_probs=lp, old_log_probs=old, advantages=A, loss_mask=m))
+    out = _build(eps_clip=0.1, eps_clip_high=0.15).policy_loss(PolicyLossInput(log_probs=lp, old_log_probs=old, advantages=A, loss_mask=m))
     out.loss.sum().backward()
     n = m.sum(-1).clamp(min=1)
     s = torch.exp(torch.where(m, lp.detach() - old, 0.0).sum(-1) / n)  # [B]
@@ -83,7 +83,7 @@ def test_advantages_as_grpo():
 def test_capabilities_and_cp_refusal():
     c = _spec().capabilities_for()
     assert c.kl_level == "sequence" and c.needs_full_sequence and c.forbids_per_token_loss
-    assert not c.supports_context_parallel and c.policy_loss_kind == "sequence_ppo_clip"
+    assert not c.supports_context_parallel and c.behaviour_numerator == "old_log_probs"
     reg = default_registry()
     cfg = build_config(cli={"advantage_estimator": "gspo", "context_parallel_size": 2, "calculate_per_token_loss": True},
                        param_schemas=reg.param_schemas())

@@ -36,7 +36,7 @@ def _capabilities(p: M2POParams) -> EstimatorCapabilities:
         supports_fully_async=True,  # built for stale / reused data
         min_group_size=1,  # raw rewards, no group baseline
         requires_complete_groups=False,
-        policy_loss_kind="ppo_clip",
+        behaviour_numerator="old_log_probs",
         allows_reward_post_processors=True,
         metrics=METRICS,
     )

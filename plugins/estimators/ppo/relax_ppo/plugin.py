@@ -2,11 +2,11 @@
 
 from dataclasses import dataclass
 
-from relax_core import EstimatorCapabilities, EstimatorSpec, hookimpl, param
+from relax_core import DualClipParams, EstimatorCapabilities, EstimatorSpec, hookimpl, param
 
 
 @dataclass(frozen=True)
-class PPOParams:
+class PPOParams(DualClipParams):
     gamma: float = param(1.0, "GAE discount factor γ.", flag="--gamma", ge=0, le=1)
     lambd: float = param(1.0, "GAE λ (bias/variance trade-off of the advantage).", flag="--lambd", ge=0, le=1)
     value_clip: float = param(
@@ -22,14 +22,13 @@ class PPOParams:
 
 
 CAPABILITIES = EstimatorCapabilities(
-    uses_options=frozenset({"eps_clip", "eps_clip_high", "eps_clip_c"}),
     supports_context_parallel=True,  # GAE runs on whole sequences; both losses are token-local
     sync_only=True,
     supports_fully_async=False,
     needs_critic=True,
     min_group_size=1,
     requires_complete_groups=False,
-    policy_loss_kind="ppo_clip",
+    behaviour_numerator="old_log_probs",
     allows_reward_post_processors=True,
     metrics=("train/value_loss", "train/value_clipfrac"),
 )

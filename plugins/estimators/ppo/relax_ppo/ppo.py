@@ -212,7 +212,7 @@ def build(params: Any, config: Any) -> PPO:
     cfg = config if config is not None else RunConfig()
     return PPO(
         gamma=params.gamma, lambd=params.lambd, value_clip=params.value_clip,
-        eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, eps_clip_c=cfg.eps_clip_c,
+        eps_clip=params.eps_clip, eps_clip_high=params.eps_clip_high, eps_clip_c=params.eps_clip_c,
         critic_settings=CriticSettings(
             lr=params.critic_lr if params.critic_lr is not None else cfg.lr,
             load=params.critic_load, num_critic_only_steps=params.num_critic_only_steps),

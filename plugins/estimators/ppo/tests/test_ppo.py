@@ -362,7 +362,7 @@ def test_params_flags_and_critic_settings():
 def test_capabilities_declared():
     c = CAPABILITIES
     assert c.needs_critic and c.sync_only and not c.supports_fully_async
-    assert c.policy_loss_kind == "ppo_clip" and "kl_coef" not in c.uses_options
+    assert c.behaviour_numerator == "old_log_probs" and "kl_coef" not in c.uses_options
     assert SPEC.capabilities_for(None) is c
 
 

@@ -2,11 +2,11 @@
 
 from dataclasses import dataclass
 
-from relax_core import EstimatorCapabilities, EstimatorSpec, hookimpl, param
+from relax_core import DualClipParams, EstimatorCapabilities, EstimatorSpec, hookimpl, param
 
 
 @dataclass(frozen=True)
-class ReinforcePlusPlusParams:
+class ReinforcePlusPlusParams(DualClipParams):
     gamma: float = param(1.0, "Discount γ of the token return G_t = Σ_{u≥t} γ^(u−t) r_u.", flag="--gamma", ge=0, le=1)
 
 
@@ -18,11 +18,11 @@ CAPABILITIES = EstimatorCapabilities(
     requires_complete_groups=False,
     requires_normalize_advantages=True,
     forbids_per_token_loss=True,
-    uses_options=frozenset({"eps_clip", "eps_clip_high", "eps_clip_c", "kl_coef"}),
+    uses_options=frozenset({"kl_coef"}),
     requires_reward_side_kl=True,
     required_kl_loss_type="k1",
     forbids_kl_loss=True,
-    policy_loss_kind="ppo_clip",
+    behaviour_numerator="old_log_probs",
     allows_reward_post_processors=True,
     metrics=("rollout/return_mean", "rollout/return_std", "rollout/reward_kl"),
 )

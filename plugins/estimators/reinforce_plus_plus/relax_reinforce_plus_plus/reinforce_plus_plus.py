@@ -116,5 +116,5 @@ def build(params: Any, config: Any) -> ReinforcePlusPlus:
     from relax_core.config import RunConfig
 
     cfg = config if config is not None else RunConfig()
-    return ReinforcePlusPlus(kl_coef=cfg.kl_coef, gamma=params.gamma, eps_clip=cfg.eps_clip,
-                             eps_clip_high=cfg.eps_clip_high, eps_clip_c=cfg.eps_clip_c)
+    return ReinforcePlusPlus(kl_coef=cfg.kl_coef, gamma=params.gamma, eps_clip=params.eps_clip,
+                             eps_clip_high=params.eps_clip_high, eps_clip_c=params.eps_clip_c)

@@ -204,7 +204,7 @@ def test_capabilities_declared():
     assert c.requires_normalize_advantages and c.forbids_per_token_loss and not c.supports_context_parallel
     assert c.sync_only and not c.supports_fully_async
     assert "kl_coef" in c.uses_options and c.requires_reward_side_kl and c.required_kl_loss_type == "k1" and c.forbids_kl_loss
-    assert c.policy_loss_kind == "ppo_clip"
+    assert c.behaviour_numerator == "old_log_probs"
     e = _build("--kl-coef", "0.01", "--gamma", "0.99", "--eps-clip-high", "0.28")
     assert (e.kl_coef, e.gamma, e.eps_clip, e.eps_clip_high) == (0.01, 0.99, 0.2, 0.28)
     assert SPEC.build(ReinforcePlusPlusParams(), None).gamma == 1.0

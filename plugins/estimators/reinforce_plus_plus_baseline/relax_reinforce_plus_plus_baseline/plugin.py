@@ -1,6 +1,6 @@
 """Hook implementations of relax-reinforce-plus-plus-baseline (registration only; nothing heavy imported)."""
 
-from relax_core import EstimatorCapabilities, EstimatorSpec, hookimpl
+from relax_core import DualClipParams, EstimatorCapabilities, EstimatorSpec, hookimpl
 
 CAPABILITIES = EstimatorCapabilities(
     supports_context_parallel=False,
@@ -11,10 +11,9 @@ CAPABILITIES = EstimatorCapabilities(
     requires_normalize_advantages=True,
     requires_rewards_normalization=True,
     forbids_per_token_loss=True,
-    uses_options=frozenset({"eps_clip", "eps_clip_high", "eps_clip_c"}),
     requires_kl_loss=True,
     required_kl_loss_type="k2",
-    policy_loss_kind="ppo_clip",
+    behaviour_numerator="old_log_probs",
     allows_reward_post_processors=False,
     metrics=("rollout/zero_std_group_frac", "rollout/advantage_raw_std"),
 )
@@ -27,5 +26,6 @@ def relax_register_estimators():
         summary="REINFORCE++-baseline: inclusive group-mean baseline, global token normalisation, PPO-clip, k2 KL loss.",
         source="Hu et al. 2025, REINFORCE++ (arXiv 2501.03262, v9), §3: REINFORCE++-baseline (group-mean baseline, global normalisation)",
         factory="relax_reinforce_plus_plus_baseline.reinforce_plus_plus_baseline:build",
+        params=DualClipParams,
         capabilities=CAPABILITIES,
     )]

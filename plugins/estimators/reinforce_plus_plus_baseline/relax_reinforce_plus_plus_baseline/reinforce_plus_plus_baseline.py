@@ -69,9 +69,7 @@ class ReinforcePlusPlusBaseline:
 
 
 def build(params: Any, config: Any) -> ReinforcePlusPlusBaseline:
-    """Factory of the ``reinforce_plus_plus_baseline`` spec (no parameters of its own;
-    ``config`` ``None``: the defaults)."""
-    from relax_core.config import RunConfig
-
-    cfg = config if config is not None else RunConfig()
-    return ReinforcePlusPlusBaseline(eps_clip=cfg.eps_clip, eps_clip_high=cfg.eps_clip_high, eps_clip_c=cfg.eps_clip_c)
+    """Factory of the ``reinforce_plus_plus_baseline`` spec: ``params`` is the clip block
+    (:class:`relax_core.DualClipParams`, its only parameters)."""
+    return ReinforcePlusPlusBaseline(eps_clip=params.eps_clip, eps_clip_high=params.eps_clip_high,
+                                     eps_clip_c=params.eps_clip_c)

@@ -20,10 +20,11 @@ def _entry(rank: int, world: int, tmpdir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmpdir}/init", rank=rank, world_size=world)
     try:
+        from relax_core import DualClipParams
         from relax_core.contracts import AdvantageInput
         from relax_reinforce_plus_plus_baseline.reinforce_plus_plus_baseline import build
 
-        out = build(None, None).compute_advantages(AdvantageInput(**shard(whole_batch(), rank),
+        out = build(DualClipParams(), None).compute_advantages(AdvantageInput(**shard(whole_batch(), rank),
                                                                   process_group=dist.group.WORLD))
         torch.save({"advantages": out.advantages, "returns": out.returns, "metrics": out.metrics},
                    f"{tmpdir}/rank{rank}.pt")

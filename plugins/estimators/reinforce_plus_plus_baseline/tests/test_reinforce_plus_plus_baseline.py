@@ -85,10 +85,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
 
 
 def test_policy_loss_ppo_clip_dual_clip_and_bfloat16():
-    from relax_core.config import RunConfig
-    from relax_reinforce_plus_plus_baseline.reinforce_plus_plus_baseline import build
-
-    est = build(None, RunConfig(eps_clip=0.2, eps_clip_c=3.0))
+    est = SPEC.build(SPEC.params(eps_clip=0.2, eps_clip_c=3.0))
     ratio = torch.tensor([[1.1, 5.0]], dtype=torch.float64)
     lp = (torch.log(ratio) - 1.0).to(torch.bfloat16).requires_grad_(True)
     out = est.policy_loss(PolicyLossInput(log_probs=lp, old_log_probs=torch.full((1, 2), -1.0, dtype=torch.bfloat16),
@@ -109,7 +106,7 @@ def test_capabilities_declared():
     assert "kl_coef" not in c.uses_options and c.requires_kl_loss and c.required_kl_loss_type == "k2"
     assert c.requires_normalize_advantages and c.requires_rewards_normalization and c.forbids_per_token_loss
     assert not c.allows_reward_post_processors and not c.supports_context_parallel and c.sync_only
-    assert c.policy_loss_kind == "ppo_clip"
+    assert c.behaviour_numerator == "old_log_probs"
 
 
 def test_cli_refuses_group_of_one_naming_capability_and_fix():

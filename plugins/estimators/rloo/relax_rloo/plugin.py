@@ -21,7 +21,7 @@ CAPABILITIES = EstimatorCapabilities(
     requires_rewards_normalization=True,
     forbids_normalize_advantages=True,
     requires_per_token_loss=True,
-    policy_loss_kind="reinforce",
+    behaviour_numerator="log_probs",
     allows_reward_post_processors=True,  # diagnostics are then omitted
     metrics=METRICS,
 )

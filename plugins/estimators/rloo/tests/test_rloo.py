@@ -92,7 +92,7 @@ def test_capabilities_match_the_constraint_table():
     c = _spec().capabilities_for()
     assert c.sync_only and not c.supports_fully_async and c.min_group_size == 2
     assert c.requires_per_token_loss and c.requires_rewards_normalization and c.forbids_normalize_advantages
-    assert not c.uses_options and c.policy_loss_kind == "reinforce" and c.requires_complete_groups
+    assert not c.uses_options and c.behaviour_numerator == "log_probs" and c.requires_complete_groups
 
 
 def _problems(**cli):

@@ -19,7 +19,7 @@ CAPABILITIES = EstimatorCapabilities(
     supports_fully_async=True,
     min_group_size=2,
     requires_complete_groups=True,
-    policy_loss_kind="soft_gate",
+    behaviour_numerator="old_log_probs",
     allows_reward_post_processors=True,
     metrics=("rollout/zero_std_group_frac",),
 )

@@ -88,7 +88,7 @@ def test_flags_and_defaults():
     p = cfg.params_for("sapo")
     assert (p.tau_pos, p.tau_neg) == (0.5, 2.0)
     assert (_spec().params().tau_pos, _spec().params().tau_neg) == (1.0, 1.05)
-    assert _spec().capabilities_for().policy_loss_kind == "soft_gate"
+    assert _spec().capabilities_for().behaviour_numerator == "old_log_probs"
     with pytest.raises(ValueError):
         _build(tau_pos=0.0).policy_loss(_inp([1.0], [1.0]))
 
