@@ -54,13 +54,13 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=52)
     ap.add_argument("--max-response", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--smoke", action="store_true", help="tiny model, 2 repeats")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, 2 prompts × 4 samples, 1 repeat (checks it runs)")
     a = ap.parse_args()
     from relax_torch.backend import TorchBackend
     from relax_torch.plugin import TorchBackendParams
 
     if a.smoke:
-        a.model, a.repeats = "tiny", 2
+        a.model, a.repeats, a.prompts, a.n, a.max_response = "tiny", 1, 2, 4, 16
     if a.model == "tiny":
         from relax_core.models import make_tiny_model
 

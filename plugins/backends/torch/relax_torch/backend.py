@@ -6,7 +6,9 @@ left-padded to the micro-batch's longest prompt ``P``, responses keep their righ
 cut at the last ``loss_mask`` column of the micro-batch.  Position ids count real tokens
 only.  The hidden state at index ``P - 1 + t`` predicts response token ``t``; log-probs,
 entropy, top-k log-probs and critic values are all aligned that way (``[b, T]``), and are
-computed only at ``loss_mask`` positions (0 elsewhere).
+computed only at ``loss_mask`` positions (0 elsewhere).  With ``--shared-prefix`` a
+micro-batch is one row per prompt group instead, ``[prompt | r_1 | ... | r_n]`` with a 4-D
+attention mask (:mod:`relax_torch.shared_prefix`, Prefix Grouper): same outputs, fewer positions.
 
 Log-probs are taken at the rollout temperature, ``log softmax(z / τ)`` with
 ``τ = --rollout-temperature`` (1 when it is 0, greedy), over the full vocabulary, in float32
@@ -16,7 +18,8 @@ they are comparable with the engine's ``log q``; top-p/top-k truncation is not a
 
 Optimisation.  :meth:`TorchBackend.accumulate_gradients` splits the batch into micro-batches
 (``--micro-batch-size`` samples, or packing consecutive samples while ``b × (P + T) <=
---max-tokens-per-micro-batch`` padded tokens), sums ``loss_fn``'s micro-batch losses in
+--max-tokens-per-micro-batch`` padded tokens; ``G × L``, groups × longest row, with
+``--shared-prefix``), sums ``loss_fn``'s micro-batch losses in
 backward (they are already scaled by the global denominators) and all-reduces (sums)
 gradients over data-parallel ranks when ``torch.distributed`` is initialised; the core's
 optimizer step (:mod:`relax_core.optimizer`: non-finite skipping, ``--clip-grad``,
