@@ -11,7 +11,8 @@ from relax_core.metrics import read_metrics
 TIMING = ("time", "perf/", "throughput", "_s", "rss", "tokens_per_s")
 
 
-@pytest.mark.parametrize("extra", [(), ("--estimator", "gspo", "--max-tokens-per-micro-batch", "60")])
+@pytest.mark.parametrize("extra", [(), pytest.param(("--estimator", "gspo", "--max-tokens-per-micro-batch", "60"),
+                                                    marks=pytest.mark.slow)])
 def test_run_with_shared_prefix_equals_plain(tiny_model_dir, prompts_file, tmp_path, extra, monkeypatch):
     import relax_torch.backend as backend
 

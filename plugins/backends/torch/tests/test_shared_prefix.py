@@ -218,8 +218,11 @@ def test_token_budget_counts_packed_positions(tiny_model_dir):
     for lo, hi in bounds:
         if hi - lo > 1:
             assert shared.packed_positions(batch.slice(lo, hi)) <= 80
-    whole = _backend(tiny_model_dir, True)
-    assert whole.packed_positions(batch) < plain.packed_positions(batch) * 10  # sanity: finite, computed
+    for lo, hi in bounds:  # the budget counts exactly the positions the layout computes
+        mb = batch.slice(lo, hi)
+        lay = build_layout(mb.prompt_ids, mb.group_index, mb.response_ids, mb.loss_mask, 0, 49152, sdpa=True,
+                           mask_dtype=torch.float64)
+        assert shared.packed_positions(mb) == lay.input_ids.numel()
     fn = PGLoss(float(batch.loss_mask.sum()))
     plain.accumulate_gradients(batch, fn)
     shared.accumulate_gradients(batch, fn)
@@ -238,6 +241,23 @@ def test_refusals(tiny_model_dir, tiny_moe_model_dir):
     bad = _replace(bad, prompt_ids=[bad.prompt_ids[0], bad.prompt_ids[0] + [9]])
     with pytest.raises(ValueError, match="different prompts"):
         _backend(tiny_model_dir, True).forward(bad)
+
+
+def test_eager_attention(tiny_model_dir):
+    """eager attention takes the additive float mask.  Against the plain path under sdpa (the
+    plain path under eager gives NaN for left-padded samples: see the report of issue 24); eager's
+    softmax runs in float32, so log-probs and gradients agree to float32 rounding."""
+    bes = [_backend(tiny_model_dir, s) for s in (False, True)]
+    bes[1].models["actor"].config._attn_implementation = "eager"
+    batch = grouped_batch(seed=9, sizes=(3, 1, 2))
+    assert bes[1]._inputs(batch)[1].dtype == torch.float64
+    outs = [be.forward(batch, entropy=True) for be in bes]
+    torch.testing.assert_close(outs[1].log_probs, outs[0].log_probs, atol=1e-6, rtol=1e-6)
+    fn = PGLoss(float(batch.loss_mask.sum()))
+    for be in bes:
+        be.accumulate_gradients(batch, fn)
+    scale = max(float(g.abs().max()) for g in _grads(bes[0].models["actor"]).values())
+    _assert_same_grads(bes[0].models["actor"], bes[1].models["actor"], dict(atol=1e-5 * scale, rtol=1e-4))
 
 
 def test_qwen3_moe_float32(tiny_moe_model_dir):
