@@ -89,6 +89,16 @@ def _assert_same_grads(a, b, tol=TOL):
     return max(float((ga[n] - gb[n]).abs().max()) for n in ga)
 
 
+def _assert_same_gradients_to(bes, batch, *, rel_atol, rtol):
+    """One PGLoss accumulation on the (plain, shared) backends; gradients equal to
+    ``rel_atol × max |g|`` absolute and ``rtol`` relative."""
+    fn = PGLoss(float(batch.loss_mask.sum()))
+    for be in bes:
+        be.accumulate_gradients(batch, fn)
+    scale = max(float(g.abs().max()) for g in _grads(bes[0].models["actor"]).values())
+    _assert_same_grads(bes[0].models["actor"], bes[1].models["actor"], dict(atol=rel_atol * scale, rtol=rtol))
+
+
 def test_transformers_float32_norm_gradients_agree_to_float32_rounding(tiny_model_dir, float64_norm):
     from transformers.models.qwen3 import modeling_qwen3 as mq
 
@@ -98,11 +108,7 @@ def test_transformers_float32_norm_gradients_agree_to_float32_rounding(tiny_mode
         batch = grouped_batch()
         outs = [be.forward(batch, entropy=True) for be in bes]
         torch.testing.assert_close(outs[1].log_probs, outs[0].log_probs, **TOL)
-        fn = PGLoss(float(batch.loss_mask.sum()))
-        for be in bes:
-            be.accumulate_gradients(batch, fn)
-        scale = max(float(g.abs().max()) for g in _grads(bes[0].models["actor"]).values())
-        _assert_same_grads(bes[0].models["actor"], bes[1].models["actor"], dict(atol=1e-6 * scale, rtol=1e-5))
+        _assert_same_gradients_to(bes, batch, rel_atol=1e-6, rtol=1e-5)
     finally:
         def forward(self, h):
             return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
@@ -253,11 +259,7 @@ def test_eager_attention(tiny_model_dir):
     assert bes[1]._inputs(batch)[1].dtype == torch.float64
     outs = [be.forward(batch, entropy=True) for be in bes]
     torch.testing.assert_close(outs[1].log_probs, outs[0].log_probs, atol=1e-6, rtol=1e-6)
-    fn = PGLoss(float(batch.loss_mask.sum()))
-    for be in bes:
-        be.accumulate_gradients(batch, fn)
-    scale = max(float(g.abs().max()) for g in _grads(bes[0].models["actor"]).values())
-    _assert_same_grads(bes[0].models["actor"], bes[1].models["actor"], dict(atol=1e-5 * scale, rtol=1e-4))
+    _assert_same_gradients_to(bes, batch, rel_atol=1e-5, rtol=1e-4)
 
 
 def test_qwen3_moe_float32(tiny_moe_model_dir):
@@ -267,11 +269,7 @@ def test_qwen3_moe_float32(tiny_moe_model_dir):
     batch = grouped_batch(seed=5, sizes=(3, 1, 2))
     outs = [be.forward(batch) for be in bes]
     torch.testing.assert_close(outs[1].log_probs, outs[0].log_probs, atol=1e-5, rtol=1e-5)
-    fn = PGLoss(float(batch.loss_mask.sum()))
-    for be in bes:
-        be.accumulate_gradients(batch, fn)
-    scale = max(float(g.abs().max()) for g in _grads(bes[0].models["actor"]).values())
-    _assert_same_grads(bes[0].models["actor"], bes[1].models["actor"], dict(atol=1e-4 * scale, rtol=1e-4))
+    _assert_same_gradients_to(bes, batch, rel_atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.slow
@@ -286,8 +284,4 @@ def test_smollm2_llama_float32():
     outs = [be.forward(batch, entropy=True) for be in bes]
     torch.testing.assert_close(outs[1].log_probs, outs[0].log_probs, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(outs[1].entropy, outs[0].entropy, atol=1e-4, rtol=1e-4)
-    fn = PGLoss(float(batch.loss_mask.sum()))
-    for be in bes:
-        be.accumulate_gradients(batch, fn)
-    scale = max(float(g.abs().max()) for g in _grads(bes[0].models["actor"]).values())
-    _assert_same_grads(bes[0].models["actor"], bes[1].models["actor"], dict(atol=2e-4 * scale, rtol=1e-3))
+    _assert_same_gradients_to(bes, batch, rel_atol=2e-4, rtol=1e-3)
