@@ -50,6 +50,8 @@ SUITE = [
     ("engines", VLLM_PY, "engines.py", ["--prompts", "2", "--samples", "4", "--new-tokens", "32", "--repeats", "3"],
      ["--prompts", "1", "--samples", "2", "--new-tokens", "4", "--repeats", "1"],
      "3. rollout engines: hf vs vllm on the same batch (the vLLM engineer's benchmark, in .venv-vllm)"),
+    ("step_speed", PY, "step_speed.py", ["--model", "default", "--repeats", "3"], ["--smoke"],
+     "issue 24: training time per step, each exact lever off vs on (--shared-prefix), SmolLM2-135M"),
     ("reward_scoring", PY, "reward_scoring.py", [], ["--n", "16"],
      "reward scoring: worker pool vs serial (the rewards engineer's benchmark)"),
     ("scaling", PY, "scaling.py", ["--steps", "4"], ["--smoke"],

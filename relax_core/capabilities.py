@@ -350,6 +350,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(B, "supports_gradient_checkpointing", "grad ckpt", "Activation recomputation.",
                lambda ctx, c: "does not support --gradient-checkpointing" if ctx.cfg.gradient_checkpointing and not c.supports_gradient_checkpointing else None,
                "remove --gradient-checkpointing"),
+    Capability(B, "supports_shared_prefix", "shared prefix", "Encodes a group's shared prompt once in the training forward, exactly (the torch backend's --shared-prefix)."),
     Capability(B, "supports_token_budget", "token budget", "Packs micro-batches to --max-tokens-per-micro-batch.",
                lambda ctx, c: f"cannot pack micro-batches by tokens, so --max-tokens-per-micro-batch {ctx.cfg.max_tokens_per_micro_batch} would be ignored" if ctx.cfg.max_tokens_per_micro_batch and not c.supports_token_budget else None,
                "use --micro-batch-size N instead"),

@@ -280,6 +280,10 @@ class BackendCapabilities:
     """Batch fields its forward gives beyond ``log_probs`` and ``entropy``, e.g.
     ``train_top_k_log_probs`` (log-probs at the engine's top-k ids)."""
     supports_gradient_checkpointing: bool = False
+    supports_shared_prefix: bool = False
+    """Can encode the shared prompt of a group once in the training forward, each response
+    attending to it, with the same log-probs and gradients (Prefix Grouper, Liu et al. 2025,
+    arXiv 2506.05433); the torch backend's ``--shared-prefix``."""
     supports_token_budget: bool = False
     """Packs micro-batches to ``--max-tokens-per-micro-batch`` padded tokens (otherwise the
     flag is refused rather than ignored)."""

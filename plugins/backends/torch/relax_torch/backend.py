@@ -6,7 +6,9 @@ left-padded to the micro-batch's longest prompt ``P``, responses keep their righ
 cut at the last ``loss_mask`` column of the micro-batch.  Position ids count real tokens
 only.  The hidden state at index ``P - 1 + t`` predicts response token ``t``; log-probs,
 entropy, top-k log-probs and critic values are all aligned that way (``[b, T]``), and are
-computed only at ``loss_mask`` positions (0 elsewhere).
+computed only at ``loss_mask`` positions (0 elsewhere).  With ``--shared-prefix`` a
+micro-batch is one row per prompt group instead, ``[prompt | r_1 | ... | r_n]`` with a 4-D
+attention mask (:mod:`relax_torch.shared_prefix`, Prefix Grouper): same outputs, fewer positions.
 
 Log-probs are taken at the rollout temperature, ``log softmax(z / τ)`` with
 ``τ = --rollout-temperature`` (1 when it is 0, greedy), over the full vocabulary, in float32
@@ -16,7 +18,8 @@ they are comparable with the engine's ``log q``; top-p/top-k truncation is not a
 
 Optimisation.  :meth:`TorchBackend.accumulate_gradients` splits the batch into micro-batches
 (``--micro-batch-size`` samples, or packing consecutive samples while ``b × (P + T) <=
---max-tokens-per-micro-batch`` padded tokens), sums ``loss_fn``'s micro-batch losses in
+--max-tokens-per-micro-batch`` padded tokens; ``G × L``, groups × longest row, with
+``--shared-prefix``), sums ``loss_fn``'s micro-batch losses in
 backward (they are already scaled by the global denominators) and all-reduces (sums)
 gradients over data-parallel ranks when ``torch.distributed`` is initialised; the core's
 optimizer step (:mod:`relax_core.optimizer`: non-finite skipping, ``--clip-grad``,
@@ -44,6 +47,7 @@ from relax_core.contracts import ForwardOutput, Gradients
 from relax_core.models import load_model, load_state_dict_, load_tokenizer
 from relax_core.optimizer import step_torch_optimizer
 from relax_torch.logprobs import token_log_probs
+from relax_torch.shared_prefix import EXACT_ATTENTION, build_layout, group_of, packed_tokens
 
 ROLES = ("actor", "ref", "critic")
 
@@ -102,6 +106,9 @@ class TorchBackend:
         self.steps: dict[str, int] = {"actor": 0}
         self.needs_top_k = False
         self.routing_replay = False
+        self.shared_prefix = bool(getattr(params, "shared_prefix", False))
+        if self.shared_prefix:
+            self._check_shared_prefix(actor)
 
     # ------------------------------------------------------------------ setup
     def _load(self, path: str) -> nn.Module:
@@ -122,6 +129,17 @@ class TorchBackend:
         if not torch.allclose(logits.float(), mine.float(), atol=1e-4, rtol=1e-4):
             raise NotImplementedError(f"{type(model).__name__}: logits are not the output embedding of the final "
                                       "hidden states (soft-capping or scaling); the torch backend cannot train it")
+
+    def _check_shared_prefix(self, model: nn.Module) -> None:
+        """Refuse ``--shared-prefix`` where it cannot be exact (:mod:`relax_torch.shared_prefix`)."""
+        impl = getattr(model.config, "_attn_implementation", None)
+        if impl not in EXACT_ATTENTION:
+            raise ValueError(f"--shared-prefix needs an attention implementation that takes a custom 4-D mask "
+                             f"({', '.join(EXACT_ATTENTION)}); this model uses {impl!r}")
+        types = getattr(model.config, "layer_types", None) or ()
+        if getattr(model.config, "use_sliding_window", False) or any("sliding" in str(t) for t in types):
+            raise ValueError("--shared-prefix: the model uses sliding-window attention, which the shared-prefix "
+                             "mask does not reproduce")
 
     def _adamw(self, model: nn.Module) -> torch.optim.Optimizer:
         """AdamW over the trainable parameters (the core sets each step's learning rate)."""
@@ -148,6 +166,9 @@ class TorchBackend:
         """
         self.needs_top_k = needs_top_k
         self.routing_replay = routing_replay
+        if self.shared_prefix and routing_replay:
+            raise ValueError("--shared-prefix cannot replay routed experts (routes are recorded per sample at "
+                             "plain-layout positions); turn one of them off")
         if needs_ref and "ref" not in self.models:
             ref = self._load(self.cfg.ref_load or self.cfg.model)
             ref.requires_grad_(False)
@@ -187,6 +208,8 @@ class TorchBackend:
         if not budget:
             return [(0, n)] if n else []
         t_last = _last_column(batch.loss_mask)  # [B] response columns needed
+        if self.shared_prefix:
+            return self._shared_micro_batches(batch, t_last, budget)
         out, lo, p_max, t_max = [], 0, 0, 0
         for i in range(n):
             p, t = max(p_max, len(batch.prompt_ids[i])), max(t_max, int(t_last[i]))
@@ -197,9 +220,55 @@ class TorchBackend:
         out.append((lo, n))
         return out
 
+    def _shared_micro_batches(self, batch: Batch, t_last: Tensor, budget: int) -> list[tuple[int, int]]:
+        """``--max-tokens-per-micro-batch`` under ``--shared-prefix``: consecutive samples
+        while the packed layout's ``G × L`` positions (groups × longest row) fit; a group cut
+        by a boundary repeats its prompt in each part (exact, less sharing)."""
+        n = batch.size
+        inv, _ = group_of(batch.group_index, n)
+        plen = torch.tensor([len(x) for x in batch.prompt_ids], dtype=torch.long)
+        out, lo = [], 0
+        rows: dict[int, int] = {}  # group -> row length in the current micro-batch
+        longest = 0
+        for i in range(n):  # one pass over samples (as the plain packing), O(1) each
+            g = int(inv[i])
+            length = rows.get(g, int(plen[i])) + int(t_last[i])
+            cost = (len(rows) + (g not in rows)) * max(longest, length)
+            if i > lo and cost > budget:
+                out.append((lo, i))
+                lo, rows, longest = i, {}, 0
+                length = int(plen[i]) + int(t_last[i])
+            rows[g] = length
+            longest = max(longest, length)
+        out.append((lo, n))
+        return out
+
+    def packed_positions(self, batch: Batch) -> int:
+        """Positions the forward computes for ``batch`` in its micro-batches (padding
+        included): ``Σ b × (P + T')`` plain, ``Σ G × L`` with ``--shared-prefix``."""
+        t_last = _last_column(batch.loss_mask)
+        plen = torch.tensor([len(x) for x in batch.prompt_ids], dtype=torch.long)
+        total = 0
+        for lo, hi in self.micro_batches(batch):
+            if self.shared_prefix:
+                gi = None if batch.group_index is None else batch.group_index[lo:hi]
+                total += packed_tokens(plen[lo:hi], t_last[lo:hi], group_of(gi, hi - lo)[0])
+            else:
+                total += (hi - lo) * int(plen[lo:hi].max() + t_last[lo:hi].max())
+        return total
+
     # ------------------------------------------------------------------ forward
-    def _inputs(self, mb: Batch) -> tuple[Tensor, Tensor, Tensor, int, int]:
-        """(input_ids, attention_mask, position_ids, P, T') of ``[prompt | response[:, :T']]``."""
+    def _inputs(self, mb: Batch) -> tuple:
+        """(input_ids, attention_mask, position_ids, P, T', layout) of ``[prompt | response[:, :T']]``
+        (``layout`` None), or with ``--shared-prefix`` of the packed rows ``[prompt_g | r_1 | ... | r_n]``
+        (:class:`~relax_torch.shared_prefix.SharedPrefixLayout`; ``P`` None)."""
+        if self.shared_prefix:
+            model = self.models["actor"]
+            lay = build_layout(mb.prompt_ids, mb.group_index, mb.response_ids, mb.loss_mask, self.pad_token_id,
+                               model.config.vocab_size, sdpa=model.config._attn_implementation == "sdpa",
+                               mask_dtype=self.dtype)
+            return (lay.input_ids.to(self.device), lay.attention_mask.to(self.device),
+                    lay.position_ids.to(self.device), None, lay.t_eff, lay)
         mask = mb.loss_mask.bool()
         t_eff = int(_last_column(mask).max()) if mask.numel() else 0
         resp = mb.response_ids[:, :t_eff].long()
@@ -218,7 +287,7 @@ class TorchBackend:
             attn[i, : p - len(x)] = 0
         ids[:, p:] = resp
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        return ids.to(self.device), attn.to(self.device), pos.to(self.device), p, t_eff
+        return ids.to(self.device), attn.to(self.device), pos.to(self.device), p, t_eff, None
 
     def _replay(self, role: str, mb: Batch, p: int, t_eff: int):
         """Routing-replay context for an actor/ref forward of ``mb`` (or a null context)."""
@@ -237,14 +306,19 @@ class TorchBackend:
         """Forward of one micro-batch (``inputs`` from :meth:`_inputs`); grad follows the
         caller's grad mode.  Runs inside :meth:`_replay` of the same micro-batch."""
         model = self._model(role)
-        ids, attn, pos, p, t_eff = inputs
+        ids, attn, pos, p, t_eff, lay = inputs
         b, t = mb.response_ids.shape
         backbone = model.backbone if role == "critic" else model.base_model
         with self._autocast():
             hidden = backbone(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
-        h = hidden[:, p - 1: p - 1 + t_eff]  # [b, T', H] predicts response tokens 0..T'-1
         sel = mb.loss_mask[:, :t_eff].bool().to(self.device)  # [b, T']
-        rows = h[sel]  # [N, H]
+        if lay is None:
+            rows = hidden[:, p - 1: p - 1 + t_eff][sel]  # [N, H]; index P - 1 + t predicts response token t
+            targets = ids[:, p:][sel]  # [N]
+        else:  # the prompt's last hidden state predicts every response's first token (gradients add up)
+            s_cpu = sel.cpu()
+            rows = hidden[lay.src_row[s_cpu].to(self.device), lay.src_col[s_cpu].to(self.device)]  # [N, H]
+            targets = lay.targets[s_cpu].to(self.device)  # [N]
 
         def scatter(x: Tensor) -> Tensor:  # [N, ...] -> [b, T, ...] with zeros off-mask
             full = x.new_zeros((b, t, *x.shape[1:]))
@@ -254,7 +328,6 @@ class TorchBackend:
             v = model.value_head(rows.to(model.value_head.weight.dtype)).squeeze(-1).float()
             return ForwardOutput(log_probs=None, values=scatter(v))
         head = model.get_output_embeddings()
-        targets = ids[:, p:][sel]  # [N]
         top_ids = None
         if top_k:
             if mb.top_k_ids is None:
@@ -284,7 +357,7 @@ class TorchBackend:
             for lo, hi in self.micro_batches(batch):
                 mb = batch.slice(lo, hi)
                 inputs = self._inputs(mb)
-                with self._replay(role, mb, *inputs[3:]):
+                with self._replay(role, mb, *inputs[3:5]):
                     outs.append(self._forward_mb(mb, inputs, role, entropy, top_k))
 
         def cat(name: str) -> Tensor | None:
@@ -345,7 +418,7 @@ class TorchBackend:
             for lo, hi in bounds:
                 mb = batch.slice(lo, hi)
                 inputs = self._inputs(mb)
-                with self._replay(role, mb, *inputs[3:]):  # open through backward (recomputation replays too)
+                with self._replay(role, mb, *inputs[3:5]):  # open through backward (recomputation replays too)
                     out = self._forward_mb(mb, inputs, role, entropy, top_k)
                     loss, metrics = loss_fn(mb.to(self.device), out)  # the loss sees one device
                     value = float(loss.detach())

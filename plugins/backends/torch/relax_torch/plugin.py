@@ -14,6 +14,11 @@ class TorchBackendParams:
     adam_beta1: float = param(0.9, "AdamW β1.", flag="--adam-beta1", ge=0, lt=1)
     adam_beta2: float = param(0.999, "AdamW β2.", flag="--adam-beta2", ge=0, lt=1)
     adam_eps: float = param(1e-8, "AdamW ε.", flag="--adam-eps", gt=0)
+    shared_prefix: bool = param(
+        False, "Shared-prefix training forward (Prefix Grouper, arXiv 2506.05433): one row per prompt group, "
+               "the prompt encoded once and each response attending to it through a 4-D mask; exact (same "
+               "log-probs and gradients); eager/sdpa attention without sliding window, no routing replay.",
+        flag="--shared-prefix")
 
 
 @hookimpl
@@ -33,5 +38,6 @@ def relax_register_train_backends():
             provides_fields=frozenset({"train_top_k_log_probs"}),
             supports_token_budget=True,
             supports_gradient_checkpointing=True,
+            supports_shared_prefix=True,
         ),
     )]
