@@ -11,6 +11,8 @@ agree only to float32 rounding (measured max |Δg| / max |g| ≈ 6e-8).  The exa
 therefore run with a float64 RMSNorm (:func:`float64_norm`), where they agree to ~1e-13, and
 one test keeps transformers' own norm at a float32-rounding tolerance."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -172,7 +174,7 @@ def test_estimator_loss_metrics_and_gradients_equal_plain(tiny_model_dir, est):
     """One actor step's loss, metrics and gradient (and for ppo the critic's values and value
     gradient) through ActorLoss with the estimator's own advantages."""
     reg = default_registry()
-    cfg_kw = dict(advantage_estimator=est, n_samples_per_prompt=4, eps_clip_high=0.28, entropy_coef=0.01)
+    cfg_kw = dict(advantage_estimator=est, n_samples_per_prompt=4, entropy_coef=0.01)
     bes = [_backend(tiny_model_dir, s, **cfg_kw) for s in (False, True)]
     batch = grouped_batch(seed=3, sizes=(4, 1, 4))
     critic = est == "ppo"
@@ -182,7 +184,7 @@ def test_estimator_loss_metrics_and_gradients_equal_plain(tiny_model_dir, est):
     if critic:
         torch.testing.assert_close(values[1], values[0], **TOL)
     spec = reg.get("estimator", est).spec
-    params = spec.default_params()
+    params = dataclasses.replace(spec.default_params(), eps_clip_high=0.28)  # an asymmetric clip (PPOClipParams)
     results, metrics = [], []
     for be, v in zip(bes, values):
         cfg = be.cfg
@@ -196,7 +198,7 @@ def test_estimator_loss_metrics_and_gradients_equal_plain(tiny_model_dir, est):
         mb = Batch(**{**{n: getattr(mb, n) for n in ("prompt_ids", "response_ids", "loss_mask", "advantages",
                                                      "group_index")}, "old_log_probs": old})
         tokens, samples = global_denominators(mb.loss_mask)
-        fn = ActorLoss(estimator, [], LossSettings.from_config(cfg, spec.capabilities_for(params).policy_loss_kind),
+        fn = ActorLoss(estimator, [], LossSettings.from_config(cfg, spec.capabilities_for(params).behaviour_numerator),
                        num_tokens=tokens, num_samples=samples, old_from_current=False)
         results.append(be.accumulate_gradients(mb, fn))
         metrics.append(fn.metrics())
