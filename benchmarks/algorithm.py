@@ -5,7 +5,7 @@ One *algorithm stage* is what the trainer runs between the model's forward and b
 
     advantages (estimator.compute_advantages, on the whole batch)
     → per-token policy loss (estimator.policy_loss) → corrections (tis / icepop)
-    → the run's reduction and metrics (relax_core.loss.ActorLoss) → backward to log π_θ.
+    → the run's reduction and metrics (relax_core.stages.loss.ActorLoss) → backward to log π_θ.
 
 Three ways of doing the same work on the same tensors, alternated and repeated in one process:
 
@@ -70,8 +70,8 @@ from relax_core import PPOClipParams  # noqa: E402
 from relax_core.config import RunConfig  # noqa: E402
 from relax_core.batch import Batch  # noqa: E402
 from relax_core.contracts import AdvantageInput, ForwardOutput  # noqa: E402
-from relax_core.loss import ActorLoss, LossSettings  # noqa: E402
-from relax_core.plugins import default_registry  # noqa: E402
+from relax_core.stages.loss import ActorLoss, LossSettings  # noqa: E402
+from relax_core.host.plugins import default_registry  # noqa: E402
 
 ESTIMATORS = ("grpo", "rloo", "cispo", "gspo", "sapo", "m2po", "ppo", "reinforce_plus_plus",
               "reinforce_plus_plus_baseline")

@@ -128,9 +128,9 @@ def relax_worker(a: argparse.Namespace) -> None:
     torch.set_num_threads(a.threads)
     from relax_core import trainer as tr
     from relax_core.config import build_config, parse_cli
-    from relax_core.launch import launch
-    from relax_core.plugins import load_registry
-    from relax_core.validation import resolve
+    from relax_core.run.launch import launch
+    from relax_core.host.plugins import load_registry
+    from relax_core.host.validation import resolve
 
     flags = ["--model", a.model_dir, "--data", a.data, "--prompt-suffix", "", "--custom-rm-path", "e2e_reward:score",
              "--rollout-batch-size", str(a.prompts), "--n-samples-per-prompt", str(a.group),

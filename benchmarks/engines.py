@@ -33,7 +33,7 @@ def main() -> None:
 
     from relax_core.config import RunConfig
     from relax_core.contracts import SamplingParams
-    from relax_core.plugins import default_registry
+    from relax_core.host.plugins import default_registry
 
     cfg = RunConfig(seed=0)
     reg = default_registry()

@@ -5,7 +5,7 @@
 Prints: generation tokens/s for ``samples`` responses of exactly ``new-tokens`` tokens
 (EOS disabled so every row decodes the full length) and with natural EOS; the seconds of
 one no-grad forward (old log-probs) and of one optimizer step (forward + backward + AdamW,
-:func:`relax_core.optimizer.optimizer_step`)
+:func:`relax_core.stages.optimizer.optimizer_step`)
 on ``samples × (prompt + new-tokens)`` tokens, with and without gradient checkpointing.
 """
 
@@ -29,7 +29,7 @@ def main() -> None:
     from relax_core.config import RunConfig
     from relax_core.batch import Batch
     from relax_core.contracts import SamplingParams
-    from relax_core.optimizer import OptimizerSettings, optimizer_step
+    from relax_core.stages.optimizer import OptimizerSettings, optimizer_step
     from relax_hf.engine import build as build_engine
     from relax_hf.plugin import HFEngineParams
     from relax_torch.backend import build as build_backend

@@ -1,4 +1,4 @@
-"""Cost of safe scoring: 512 responses through ``relax_core.rewarding.score_batch`` (worker
+"""Cost of safe scoring: 512 responses through ``relax_core.stages.rewarding.score_batch`` (worker
 processes with a per-call deadline) against plain serial calls in the training process.
 
 Two scorers, side by side in one run:
@@ -22,7 +22,7 @@ import os
 import platform
 import time
 
-from relax_core.rewarding import ScoringPool
+from relax_core.stages.rewarding import ScoringPool
 
 N_DEFAULT = 512
 

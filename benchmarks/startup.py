@@ -45,8 +45,8 @@ def _median_subprocess(args: list[str], runs: int) -> float:
 
 def _load_and_validate() -> int:
     from relax_core.config import build_config, parse_cli
-    from relax_core.plugins import load_registry
-    from relax_core.validation import resolve
+    from relax_core.host.plugins import load_registry
+    from relax_core.host.validation import resolve
 
     reg = load_registry()
     schemas = reg.param_schemas()
@@ -70,8 +70,8 @@ def _first_token(model: str) -> None:
     """(In a fresh process) load plugins, validate, build the hf engine, generate 1 token."""
     from relax_core.config import build_config, parse_cli
     from relax_core.contracts import SamplingParams
-    from relax_core.plugins import load_registry
-    from relax_core.validation import resolve
+    from relax_core.host.plugins import load_registry
+    from relax_core.host.validation import resolve
 
     reg = load_registry()
     schemas = reg.param_schemas()

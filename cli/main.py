@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from relax_core.exits import EXIT_BAD_INPUT
+from relax_core.run.exits import EXIT_BAD_INPUT
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Relax: plugin-based RL post-training for language models.")
@@ -21,7 +21,7 @@ app.add_typer(plugins_app, name="plugins")
 
 
 def _registry():
-    from relax_core.plugins import PluginError, default_registry
+    from relax_core.host.plugins import PluginError, default_registry
 
     try:
         return default_registry()
@@ -53,31 +53,14 @@ def main(version: bool = typer.Option(False, "--version", callback=_version_call
                                "help_option_names": []})
 def train(ctx: typer.Context) -> None:
     """Train (or with --dry-run, validate).  `relax train --help` lists every flag."""
-    from relax_core.config import ConfigError, build_config, load_yaml, parse_cli
-    from relax_core.resume import resume_config
-    from relax_core.validation import resolve
+    from relax_core.run.launch import BadInput, configure, launch, preflight
 
     reg = _registry()
-    schemas = reg.param_schemas()
-    names = lambda kind: sorted(reg.components.get(kind, {}))  # noqa: E731
-    choices = {"advantage_estimator": names("estimator"), "correction": names("correction"),
-               "reward": ["auto", *names("reward")], "reward_processor": names("reward_processor"),
-               "rollout_engine": names("engine"), "train_backend": names("backend")}
     try:
-        cli, config_path, ns = parse_cli(list(ctx.args), schemas, choices=choices)
-        yaml_values = load_yaml(config_path) if config_path else {}
-        cfg = build_config(cli=cli, yaml_values=yaml_values, param_schemas=schemas,
-                           yaml_source=config_path or "config")
-        cfg = resume_config(cfg, cli=cli, yaml_values=yaml_values, param_schemas=schemas,
-                            yaml_source=config_path or "config")
-    except ConfigError as e:
-        _print_problems([f"config: {p}" for p in e.problems])
+        cfg, resolved, ns = configure(list(ctx.args), reg)
+    except BadInput as e:
+        _print_problems(e.problems)
         raise typer.Exit(EXIT_BAD_INPUT)
-    resolved, problems = resolve(cfg, reg)
-    if problems:
-        _print_problems([str(p) for p in problems])
-        raise typer.Exit(EXIT_BAD_INPUT)
-    from relax_core.launch import BadInput, launch, preflight
 
     if ns.dry_run:
         try:  # everything a real run checks before its first model loads, data included
@@ -195,7 +178,7 @@ def plugins_show(name: str, kind: Optional[str] = typer.Option(None, help="Disam
     """Show one component: summary, source, parameters with defaults, capabilities."""
     import dataclasses
 
-    from relax_core.capabilities import format_value
+    from relax_core.host.capabilities import format_value
     from relax_core.config import param_flag
 
     reg = _registry()
@@ -244,7 +227,7 @@ def plugins_new(
     summary: Optional[str] = typer.Option(None, "--summary", help="One-line description."),
 ) -> None:
     """Scaffold an installable plugin package relax-NAME (spec, implementation, tests, README)."""
-    from relax_core.scaffold import write_plugin
+    from relax_core.authoring.scaffold import write_plugin
 
     try:
         root = write_plugin(kind, name, dest, summary)
@@ -266,7 +249,7 @@ def capabilities(
     """The capability matrix: one row per component and one column per capability when it
     fits the terminal; otherwise one row per capability and one column per component (in
     several tables if needed).  Names are never cut."""
-    from relax_core.matrix import KINDS, matrix_json, matrix_markdown, matrix_tables
+    from relax_core.host.matrix import KINDS, matrix_json, matrix_markdown, matrix_tables
 
     if kind is not None and kind not in KINDS:
         typer.echo(f"error: unknown kind '{kind}'; one of {', '.join(KINDS)}", err=True)
@@ -324,8 +307,8 @@ def eval_(
 
     from rich.console import Console
 
-    from relax_core.eval_run import EvalSettings, prepare, report_table, run_eval
-    from relax_core.launch import BadInput
+    from relax_core.evaluation.run import EvalSettings, prepare, report_table, run_eval
+    from relax_core.run.launch import BadInput
 
     reg = _registry()
     settings = EvalSettings(n_samples=n_samples, pass_k=tuple(pass_k), temperature=temperature, top_p=top_p,
@@ -359,7 +342,7 @@ def plot(
                                       "plot-<run>_vs_<run>.png next to the first run for several)."),
 ) -> None:
     """Write a PNG of metrics against step (several runs overlaid) and print its path."""
-    from relax_core.plotting import PlotError, plot_runs
+    from relax_core.reporting.plotting import PlotError, plot_runs
 
     try:
         path = plot_runs(run_dirs, metrics=metric or None, out=out)

@@ -223,7 +223,7 @@ class RewardBatch:
         keep: bool ``[B]`` samples to train on (a filter clears whole groups).
         metrics: scalar metrics the processors add, each a mean over this batch (a
             fraction or an average per sample or per group); a step of several
-            oversampling rounds reports their mean over the rounds (:func:`relax_core.rewarding.mean_over_rounds`).
+            oversampling rounds reports their mean over the rounds (:func:`relax_core.stages.rewarding.mean_over_rounds`).
     """
 
     rewards: Tensor
@@ -343,7 +343,7 @@ class Gradients:
 
 @dataclass(frozen=True, kw_only=True)
 class StepResult:
-    """One optimizer step of one role (:func:`relax_core.optimizer.optimizer_step`).
+    """One optimizer step of one role (:func:`relax_core.stages.optimizer.optimizer_step`).
 
     Attributes:
         sums: as :attr:`Gradients.sums` (``loss``, then the loss function's own metrics,
@@ -368,7 +368,7 @@ class TrainBackend(Protocol):
 
     The backend supplies the model's forwards, backward over micro-batches and its
     collectives; the core owns the optimizer step itself (non-finite skipping, gradient
-    clipping, learning-rate warm-up: :func:`relax_core.optimizer.optimizer_step`).  Per step
+    clipping, learning-rate warm-up: :func:`relax_core.stages.optimizer.optimizer_step`).  Per step
     the loop calls ``forward(batch, role="actor"|"ref"|"critic")`` without grad to get
     old/ref log-probs or values, then per optimizer step of a trained role (``actor``, or
     ``critic`` for estimators with a critic), on every rank:

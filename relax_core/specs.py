@@ -26,7 +26,7 @@ from typing import Any, Callable, ClassVar, Literal
 #: ``rollout_log_probs`` and ``responses`` (were ``log_probs`` and ``texts``), backends take
 #: a ``Batch`` (was ``TrainBatch`` with a ``tensors`` dict), specs may declare ``fields``,
 #: ``provides`` and ``requires``.
-#: 3: one optimizer step (:mod:`relax_core.optimizer`): backends give
+#: 3: one optimizer step (:mod:`relax_core.stages.optimizer`): backends give
 #: ``accumulate_gradients``, ``grad_norm``, ``apply_gradients``, ``zero_grad`` and
 #: ``optimizer_steps`` instead of ``train_step``.
 #: 4: the PPO-clip options are a parameter block (:class:`PPOClipParams`,
@@ -44,7 +44,7 @@ CHANGED_IN = {
     2: {"engine": "GenerationOutput must hold loss_mask, and log_probs/texts are now rollout_log_probs/responses",
         "backend": "the training batch is relax_core.batch.Batch (TrainBatch and its tensors dict are gone: read "
                    "batch.<field>)"},
-    3: {"backend": "the core owns the optimizer step (relax_core.optimizer): train_step is gone, a backend gives "
+    3: {"backend": "the core owns the optimizer step (relax_core.stages.optimizer): train_step is gone, a backend gives "
                    "accumulate_gradients, grad_norm, apply_gradients, zero_grad and optimizer_steps"},
     4: {"estimator": "the PPO-clip options are a parameter block: compose relax_core.PPOClipParams (or DualClipParams "
                      "for --eps-clip-c) in your parameters and read params.eps_clip (RunConfig.eps_clip, eps_clip_high, "
@@ -182,7 +182,7 @@ class EstimatorCapabilities:
     forbids_per_token_loss: bool = False
     uses_options: frozenset[str] = frozenset()
     """Which of the run options that only some estimators read it reads
-    (:data:`relax_core.capabilities.SCOPED_OPTIONS`: the reward-side ``kl_coef``); any of
+    (:data:`relax_core.host.capabilities.SCOPED_OPTIONS`: the reward-side ``kl_coef``); any of
     them set to a non-default value is refused with an estimator that does not list it.
     (Options of a parameter block, e.g. :class:`PPOClipParams`, are read by the estimators
     whose parameters compose it; one that no selected component reads is refused.)"""
@@ -397,7 +397,7 @@ class RewardScorerSpec(ComponentSpec):
     self_check: bool = True
     """Whether scoring a label as the response is cheap and local, so that ``relax train``
     (and ``--dry-run``) can check that a correct answer scores before any model loads
-    (:mod:`relax_core.reward_check`); ``False`` for scorers that call a service."""
+    (:mod:`relax_core.host.reward_check`); ``False`` for scorers that call a service."""
 
 
 @dataclass(frozen=True, kw_only=True)

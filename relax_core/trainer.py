@@ -1,16 +1,16 @@
 """The training loop, written once.  One step, top to bottom::
 
-    1. rollout     a scored batch from the rollout source              (relax_core.rollout)
+    1. rollout     a scored batch from the rollout source              (relax_core.stages.rollout)
     2. advantage   old / ref log-probs and critic values (backend no-grad forwards),
                    then the estimator's advantages and returns
     3. optimize    per optimizer step: critic step (PPO), then the actor's loss
-                   (policy loss → corrections → reduce + KL − entropy, relax_core.loss)
+                   (policy loss → corrections → reduce + KL − entropy, relax_core.stages.loss)
     4. publish     the new weights to the engine every --update-weights-interval steps
 
 Synchronous local, synchronous Ray and fully-async Ray runs differ only in the objects
 given to :class:`Trainer` (the engine and backend, or their Ray proxies; a
-:class:`~relax_core.rollout.SyncSource` or :class:`~relax_core.rollout.AsyncSource`; a
-pushing or posting :class:`~relax_core.rollout.Publisher`): see :func:`build_trainer`.  Shapes: ``B`` samples, ``T`` padded response length.
+:class:`~relax_core.stages.rollout.SyncSource` or :class:`~relax_core.stages.rollout.AsyncSource`; a
+pushing or posting :class:`~relax_core.stages.rollout.Publisher`): see :func:`build_trainer`.  Shapes: ``B`` samples, ``T`` padded response length.
 
 Old log-probs (``train/old_logp_source``): 0 = ``detach(log π_θ)`` in the loss, used when
 there is exactly one optimizer step per rollout and nothing before the update needs them
@@ -29,16 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from relax_core import checkpoint as ckpt
+from relax_core.run import checkpoint as ckpt
 from relax_core.batch import Batch
 from relax_core.contracts import AdvantageInput
-from relax_core.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED
-from relax_core.interrupts import RunAborted
-from relax_core.loss import ActorLoss, CriticLoss, LossSettings, global_denominators
-from relax_core.metrics import MetricsLogger, non_finite, rewrite_metrics
+from relax_core.run.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED
+from relax_core.run.interrupts import RunAborted
+from relax_core.stages.loss import ActorLoss, CriticLoss, LossSettings, global_denominators
+from relax_core.reporting.metrics import MetricsLogger, non_finite, rewrite_metrics
 from relax_core.numerics import masked_normalize
-from relax_core.optimizer import OptimizerSettings, optimizer_step
-from relax_core.rollout import AsyncSource, Publisher, Rollout, SyncSource, sample_records
+from relax_core.stages.optimizer import OptimizerSettings, optimizer_step
+from relax_core.stages.rollout import AsyncSource, Publisher, Rollout, SyncSource, sample_records
 
 OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, OLD_LOGP_ROLLOUT = 0, 1, 2
 #: per step, the dataset index, group and weight version of every sample trained
@@ -93,7 +93,7 @@ class Trainer:
         comps: the run's :class:`Components`.
         source: the rollout source (``next(step)``, ``evaluate(data, step)``,
             ``cursor_state()`` and ``load_cursor(state)`` for checkpoints, ``close()``).
-        publisher: the :class:`~relax_core.rollout.Publisher`.
+        publisher: the :class:`~relax_core.stages.rollout.Publisher`.
         eval_data: the evaluation dataset or ``None``.
         run_dir: the run directory (metrics, samples, checkpoints).
         behaviour_numerator: the estimator's declared behaviour numerator (given to corrections).
@@ -212,7 +212,7 @@ class Trainer:
     def save(self, include_optimizer: bool = True) -> Path:
         """Checkpoint the current step (``--keep-checkpoints`` kept): the loop state, the data
         cursor and fingerprint, the weights the engine holds; raises
-        :class:`~relax_core.checkpoint.CheckpointError` when the write fails."""
+        :class:`~relax_core.run.checkpoint.CheckpointError` when the write fails."""
         s = self.state
         held, weights = self.publisher.state(s.step)
         return ckpt.save_checkpoint(self.ckpt_dir, s.step, self.c.backend, {

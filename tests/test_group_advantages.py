@@ -82,7 +82,7 @@ def test_the_group_advantage_block_is_declared_once_and_composed():
     import dataclasses
 
     from relax_core import GroupAdvantageParams
-    from relax_core.plugins import default_registry
+    from relax_core.host.plugins import default_registry
 
     reg = default_registry()
     block = {f.name: f for f in dataclasses.fields(GroupAdvantageParams)}

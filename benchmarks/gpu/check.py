@@ -236,13 +236,13 @@ def flops_per_token(config: dict, seq_len: int) -> float:
 
 
 def grpo_step(backend, batch, cfg):
-    """``() -> StepResult``: one optimizer step (:func:`relax_core.optimizer.optimizer_step`,
+    """``() -> StepResult``: one optimizer step (:func:`relax_core.stages.optimizer.optimizer_step`,
     as the trainer runs it) of ``backend`` on ``batch`` with the trainer's GRPO actor loss
-    (:class:`relax_core.loss.ActorLoss`, a fresh one per step as the trainer builds it; one
+    (:class:`relax_core.stages.loss.ActorLoss`, a fresh one per step as the trainer builds it; one
     update per rollout, old log-probs = detach(current))."""
-    from relax_core.loss import ActorLoss, LossSettings, global_denominators
-    from relax_core.optimizer import OptimizerSettings, optimizer_step
-    from relax_core.plugins import default_registry
+    from relax_core.stages.loss import ActorLoss, LossSettings, global_denominators
+    from relax_core.stages.optimizer import OptimizerSettings, optimizer_step
+    from relax_core.host.plugins import default_registry
 
     spec = default_registry().get("estimator", "grpo").spec
     params = spec.default_params()

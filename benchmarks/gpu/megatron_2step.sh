@@ -47,7 +47,7 @@ end=$(date +%s)
 
 "$PY" - "$RUN_DIR/run" "$((end - start))" "$OUT/megatron_2step_$DEVICE.txt" "$DEVICE" "$LIMIT_S" <<'PYEOF'
 import math, subprocess, sys
-from relax_core.metrics import read_metrics
+from relax_core.reporting.metrics import read_metrics
 
 run, seconds, out, device, limit = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 recs = read_metrics(run)

@@ -33,7 +33,7 @@ end=$(date +%s)
 
 "$PY" - "$RUN_DIR/run" "$((end - start))" "$OUT/sglang_2step_gpu.txt" <<'PYEOF'
 import math, subprocess, sys
-from relax_core.metrics import read_metrics
+from relax_core.reporting.metrics import read_metrics
 
 run, seconds, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 recs = read_metrics(run)

@@ -206,7 +206,7 @@ class RayBackend:
     first rank only (the others compute the same values).  ``accumulate_gradients`` sends
     the loss's recipe (settings and the *global* denominators); the backends' gradient
     all-reduce over the replicas sums the shards' gradients, so the core's optimizer step
-    (:func:`relax_core.optimizer.optimizer_step`, run by the driver over this proxy)
+    (:func:`relax_core.stages.optimizer.optimizer_step`, run by the driver over this proxy)
     equals one process on the whole batch.  The loss metrics of the replicas are contributions to
     global-batch values and are added back into the driver's loss object
     (``add_metrics``), whose ``metrics()`` the trainer reads.

@@ -12,7 +12,7 @@ Resources (``--actor-*``, ``--rollout-*`` flags; CPU counts stand in for GPUs on
   is offloaded after each generation when its plugin has ``offload()``/``onload()``; on
   CPU nothing needs offloading: the engine simply runs on the rank's CPU);
 - reward scoring stays in the driver (the ``--reward-num-workers`` process pool of
-  :mod:`relax_core.rewarding`), which needs no placement.
+  :mod:`relax_core.stages.rewarding`), which needs no placement.
 
 ``--ray-address auto|<address>`` joins a running cluster (keep its token authentication
 on); otherwise Relax starts a local Ray bound to 127.0.0.1 with enough logical CPUs for

@@ -31,7 +31,7 @@ def config_from_dict(config: dict) -> Any:
             plugin versions than the driver).
     """
     from relax_core.config import build_config
-    from relax_core.plugins import default_registry
+    from relax_core.host.plugins import default_registry
 
     values = dict(config)
     params = values.pop("plugin_params", {}) or {}
@@ -42,7 +42,7 @@ def config_from_dict(config: dict) -> Any:
 
 def build_component(kind: str, name: str, cfg: Any) -> Any:
     """Build the component ``name`` of ``kind`` from its spec, as the local launcher does."""
-    from relax_core.plugins import default_registry
+    from relax_core.host.plugins import default_registry
 
     return default_registry().get(kind, name).spec.build(cfg.params_for(name), cfg)
 
@@ -120,8 +120,8 @@ class EngineWorker:
 
 
 def loss_recipe(loss_fn: Any) -> dict:
-    """What a rank needs to rebuild the driver's :class:`~relax_core.loss.ActorLoss` or
-    :class:`~relax_core.loss.CriticLoss` with its own estimator and corrections: the
+    """What a rank needs to rebuild the driver's :class:`~relax_core.stages.loss.ActorLoss` or
+    :class:`~relax_core.stages.loss.CriticLoss` with its own estimator and corrections: the
     settings and the *global* batch's denominators (plain data).
 
     Raises:
@@ -129,7 +129,7 @@ def loss_recipe(loss_fn: Any) -> dict:
     """
     from dataclasses import asdict
 
-    from relax_core.loss import ActorLoss, CriticLoss
+    from relax_core.stages.loss import ActorLoss, CriticLoss
 
     if isinstance(loss_fn, ActorLoss):
         return {"kind": "actor", "settings": asdict(loss_fn.s), "num_tokens": loss_fn.num_tokens,
@@ -137,7 +137,7 @@ def loss_recipe(loss_fn: Any) -> dict:
     if isinstance(loss_fn, CriticLoss):
         return {"kind": "critic", "settings": asdict(loss_fn.s), "num_tokens": loss_fn.num_tokens,
                 "num_samples": loss_fn.num_samples}
-    raise TypeError(f"--launcher ray trains with relax_core.loss.ActorLoss/CriticLoss, not {type(loss_fn).__name__}")
+    raise TypeError(f"--launcher ray trains with relax_core.stages.loss.ActorLoss/CriticLoss, not {type(loss_fn).__name__}")
 
 
 class TrainWorker:
@@ -150,7 +150,7 @@ class TrainWorker:
     Megatron's parallel state); a backend without it is pure data parallel: ``(rank,
     world_size, the whole group)`` (torch).  Each replica trains on its shard of every
     optimizer step's global batch with the global denominators
-    (:func:`relax_core.loss.global_denominators` of the whole batch, computed by the
+    (:func:`relax_core.stages.loss.global_denominators` of the whole batch, computed by the
     driver), so the backend's gradient all-reduce over the replicas (a sum) gives the
     one-process gradient; estimator statistics that span the batch are reduced over the
     data-parallel group (``PolicyLossInput.process_group``), never over the ranks of one
@@ -217,7 +217,7 @@ class TrainWorker:
                                 world_size=self.world_size, timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
 
     def _loss(self, recipe: dict) -> Any:
-        from relax_core.loss import ActorLoss, CriticLoss, LossSettings
+        from relax_core.stages.loss import ActorLoss, CriticLoss, LossSettings
 
         settings = LossSettings(**recipe["settings"])
         if recipe["kind"] == "critic":

@@ -12,7 +12,7 @@ import traceback
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from relax_core.capabilities import CAPABILITIES, Context, Selected
+from relax_core.host.capabilities import CAPABILITIES, Context, Selected
 from relax_core.config import RunConfig, check_bounds, flag_collisions, param_flag
 from relax_core.specs import BEHAVIOUR_NUMERATORS, ComponentSpec, EstimatorCapabilities, _resolve, api_version_problem
 
@@ -174,7 +174,7 @@ def _check_capabilities(spec: ComponentSpec, params: Any) -> Any:
                 "(corrections refuse an undeclared one)")
         require(not (caps.requires_reward_side_kl and "kl_coef" not in caps.uses_options),
                 "requires_reward_side_kl without kl_coef in uses_options")
-        from relax_core.capabilities import SCOPED_OPTIONS
+        from relax_core.host.capabilities import SCOPED_OPTIONS
 
         require(set(caps.uses_options) <= set(SCOPED_OPTIONS),
                 f"uses_options {sorted(caps.uses_options)} names options outside {list(SCOPED_OPTIONS)}")

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from relax_core_test_toys import infra_plugin  # noqa: E402
 
-from relax_core.plugins import load_registry  # noqa: E402
+from relax_core.host.plugins import load_registry  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

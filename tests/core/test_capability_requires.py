@@ -3,7 +3,7 @@ extra module is refused at startup, naming what is missing, where that does not 
 
 from __future__ import annotations
 
-from relax_core.capabilities import CAPABILITIES, Context, Selected
+from relax_core.host.capabilities import CAPABILITIES, Context, Selected
 from relax_core.config import RunConfig
 from relax_core.specs import BackendCapabilities
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from relax_core import checkpoint as ckpt
+from relax_core.run import checkpoint as ckpt
 
 
 class Backend:

@@ -9,7 +9,7 @@ import pytest
 from relax_core_test_toys import BASE_CAPS, estimator, make_plugin
 from typer.testing import CliRunner
 
-import relax_core.plugins as plugins_mod
+import relax_core.host.plugins as plugins_mod
 from cli.main import app
 
 runner = CliRunner()

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from relax_core.matrix import matrix_markdown
-from relax_core.plugins import load_registry
+from relax_core.host.matrix import matrix_markdown
+from relax_core.host.plugins import load_registry
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "capabilities.md"
 REGENERATE = ".venv/bin/relax capabilities --markdown > docs/capabilities.md"

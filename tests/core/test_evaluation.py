@@ -1,4 +1,4 @@
-"""Evaluation metrics against hand-derived values (relax_core.evaluation)."""
+"""Evaluation metrics against hand-derived values (relax_core.evaluation.metrics)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from relax_core.evaluation import Z95, estimate, majority_correct, pass_at_k, sample_metrics
+from relax_core.evaluation.metrics import Z95, estimate, majority_correct, pass_at_k, sample_metrics
 
 
 def test_pass_at_k_pinned_values():
@@ -104,7 +104,7 @@ class _Scorer:
 
 
 def test_eval_sampling_is_its_own_not_the_runs():
-    from relax_core.eval_run import EvalSet, EvalSettings, evaluate_set
+    from relax_core.evaluation.run import EvalSet, EvalSettings, evaluate_set
 
     # greedy: prompt 0 right, prompt 1 wrong; sampled (n = 4): prompt 0 right twice, prompt 1 never
     fake = _FakeRollout({1: [1.0, 0.0], 4: [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]})

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from relax_core.config import (RunConfig, build_config, config_fields, _field_type, param_flag, suggestion)
-from relax_core.plugins import default_registry
-from relax_core.validation import resolve
+from relax_core.host.plugins import default_registry
+from relax_core.host.validation import resolve
 
 runner = CliRunner()
 

@@ -1,4 +1,4 @@
-"""relax_core.loss: policy loss → corrections in order → reduce with global denominators
+"""relax_core.stages.loss: policy loss → corrections in order → reduce with global denominators
 → + KL loss − entropy bonus; hand-derived values, gradients, masking, micro-batch sums."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from relax_core.batch import Batch
 from relax_core.contracts import CorrectionOutput, ForwardOutput, PolicyLossOutput
-from relax_core.loss import ActorLoss, LossSettings
+from relax_core.stages.loss import ActorLoss, LossSettings
 
 NAN = math.nan
 

@@ -1,4 +1,4 @@
-"""relax_core.metrics: JSONL records (non-finite values kept as strings); the display is
+"""relax_core.reporting.metrics: JSONL records (non-finite values kept as strings); the display is
 tested in test_progress.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 import math
 
 from relax_core.config import RunConfig
-from relax_core.metrics import MetricsLogger, read_metrics, rewrite_metrics
+from relax_core.reporting.metrics import MetricsLogger, read_metrics, rewrite_metrics
 
 
 def test_jsonl_records_and_last_record_per_step_wins(tmp_path):

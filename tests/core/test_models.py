@@ -8,7 +8,7 @@ import torch
 
 from relax_core import models
 from relax_core.models import ModelLoadError
-from relax_core.validation import model_is_moe
+from relax_core.host.validation import model_is_moe
 
 
 def test_missing_paths_and_non_model_dirs(tmp_path):

@@ -1,4 +1,4 @@
-"""The core's optimizer step (relax_core.optimizer): warm-up, the clip arithmetic (torch's
+"""The core's optimizer step (relax_core.stages.optimizer): warm-up, the clip arithmetic (torch's
 own numbers), non-finite skipping, and the calls it makes on a backend."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from relax_core.contracts import Gradients
-from relax_core.optimizer import OptimizerSettings, clip_coefficient, optimizer_step
+from relax_core.stages.optimizer import OptimizerSettings, clip_coefficient, optimizer_step
 
 SETTINGS = OptimizerSettings(lr=0.3, critic_lr=0.03, warmup_steps=3, clip_grad=1.0)
 

@@ -7,8 +7,8 @@ from relax_core_test_toys import BASE_CAPS, ToyParams, estimator, make_plugin
 
 from relax_core import EstimatorSpec, hookimpl
 from relax_core.config import RunConfig
-from relax_core.plugins import PluginError, load_registry
-from relax_core.validation import resolve
+from relax_core.host.plugins import PluginError, load_registry
+from relax_core.host.validation import resolve
 
 BROKEN = ("broken", "relax_core_test_no_such_module", "relax-broken", "0.3.1")
 
@@ -179,9 +179,9 @@ def test_every_kind_is_named_once_and_has_its_hook():
     """specs.KINDS is the one list of kinds: each has a documented hookspec and a spec type
     of that kind, and the loader, matrix, docs and scaffold read it."""
     from relax_core import hookspecs
-    from relax_core.docgen import KIND_DIRS
-    from relax_core.matrix import KINDS as MATRIX_KINDS
-    from relax_core.scaffold import KINDS as SCAFFOLD_KINDS
+    from relax_core.authoring.docgen import KIND_DIRS
+    from relax_core.host.matrix import KINDS as MATRIX_KINDS
+    from relax_core.authoring.scaffold import KINDS as SCAFFOLD_KINDS
     from relax_core.specs import KINDS
 
     hooks = {name for name in dir(hookspecs) if name.startswith("relax_register_")}

@@ -8,9 +8,9 @@ import sys
 
 from rich.console import Console
 
-from relax_core import progress
+from relax_core.reporting import progress
 from relax_core.config import RunConfig
-from relax_core.metrics import MetricsLogger
+from relax_core.reporting.metrics import MetricsLogger
 
 METRICS = {"rollout/raw_reward": 0.1875, "rollout/response_len/mean": 19.4, "perf/step_time": 9.3,
            "train/grad_norm": 0.52, "train/pg_clipfrac": 0.0, "train/ppo_kl": 0.0, "train/entropy": 1.37,
@@ -64,7 +64,7 @@ def test_before_the_first_step_the_line_names_the_phase():
 
 def test_not_a_terminal_prints_one_plain_line_per_step(tmp_path):
     """`relax train … | tee log`: stdout is a pipe, so each step is one plain line."""
-    code = ("import sys; from relax_core.metrics import MetricsLogger; from relax_core.config import RunConfig\n"
+    code = ("import sys; from relax_core.reporting.metrics import MetricsLogger; from relax_core.config import RunConfig\n"
             f"log = MetricsLogger({str(tmp_path)!r}, RunConfig(num_rollout=3), {{}})\n"
             "for s in (1, 2, 3): log.log(s, {'rollout/raw_reward': s / 4, 'rollout/response_len/mean': 10.0})\n"
             "log.close()\n")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax_core.rollout import Publisher
+from relax_core.stages.rollout import Publisher
 
 
 class Engine:

@@ -1,8 +1,8 @@
-"""The saved config.json of a run as the base of ``--resume`` (relax_core.resume.saved_values)."""
+"""The saved config.json of a run as the base of ``--resume`` (relax_core.run.resume.saved_values)."""
 
 from relax_core import DualClipParams
 from relax_core.config import build_config
-from relax_core.resume import saved_values
+from relax_core.run.resume import saved_values
 
 
 def test_an_option_saved_before_it_became_a_parameter_block_is_kept():

@@ -15,8 +15,8 @@ from relax_core_test_toys import make_plugin
 
 from relax_core import RewardScorerSpec
 from relax_core.config import RunConfig
-from relax_core.plugins import load_registry
-from relax_core.rewarding import (RewardSetupError, Scorer, ScoringPool, _pool_for, load_custom_scorer,
+from relax_core.host.plugins import load_registry
+from relax_core.stages.rewarding import (RewardSetupError, Scorer, ScoringPool, _pool_for, load_custom_scorer,
                                   resolve_scorer, score_batch, shutdown_pools)
 
 
@@ -218,7 +218,7 @@ def test_a_hung_worker_does_not_outlive_a_killed_trainer(tmp_path):
         import sys, threading, time
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import rewarding_toy_scorers as toys
-        from relax_core.rewarding import ScoringPool
+        from relax_core.stages.rewarding import ScoringPool
         if __name__ == "__main__":
             pool = ScoringPool(toys.hang_on_request, 1)
             threading.Thread(target=pool.score, args=(["hang"], ["1"], [{{}}], 600), daemon=True).start()
@@ -249,7 +249,7 @@ def test_ctrl_c_to_the_process_group_does_not_kill_the_reward_workers(tmp_path):
         import os, signal, sys, threading
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import rewarding_toy_scorers as toys
-        from relax_core.rewarding import ScoringPool
+        from relax_core.stages.rewarding import ScoringPool
         if __name__ == "__main__":
             got = []
             signal.signal(signal.SIGINT, lambda *a: got.append(1))

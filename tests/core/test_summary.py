@@ -5,7 +5,7 @@ plot command, and the run's size on disk."""
 import json
 import re
 
-from relax_core.summary import summary_lines
+from relax_core.reporting.summary import summary_lines
 
 
 def _run(tmp_path, n=8):

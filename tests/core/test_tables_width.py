@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from relax_core.plugins import default_registry
+from relax_core.host.plugins import default_registry
 
 runner = CliRunner()
 

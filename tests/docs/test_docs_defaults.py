@@ -33,7 +33,7 @@ _ROW = re.compile(r"^\|\s*`(--[a-z0-9-]+)`(?: / `--[a-z0-9-]+`)?\s*\|\s*([^|]+?)
 
 def schema_defaults() -> dict[str, object]:
     """flag -> default, for core options (and their aliases) and plugin parameters."""
-    from relax_core.plugins import default_registry
+    from relax_core.host.plugins import default_registry
 
     out: dict[str, object] = {}
     for f in config_fields():

@@ -20,7 +20,7 @@ from torch import nn
 
 from relax_core.batch import Batch, length_mask
 from relax_core.contracts import ForwardOutput, GenerationOutput, Gradients, SamplingParams
-from relax_core.optimizer import step_torch_optimizer
+from relax_core.stages.optimizer import step_torch_optimizer
 
 V = 16
 EOS = 0

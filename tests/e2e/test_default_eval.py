@@ -8,11 +8,11 @@ import re
 from conftest import run_train
 
 from relax_core.config import DEFAULT_DATA, DEFAULT_EVAL_DATA, RunConfig
-from relax_core.launch import preflight
-from relax_core.metrics import read_metrics
-from relax_core.plotting import default_metrics, load_runs
-from relax_core.plugins import default_registry
-from relax_core.validation import resolve
+from relax_core.run.launch import preflight
+from relax_core.reporting.metrics import read_metrics
+from relax_core.reporting.plotting import default_metrics, load_runs
+from relax_core.host.plugins import default_registry
+from relax_core.host.validation import resolve
 
 
 def test_eval_source_follows_the_default_task():

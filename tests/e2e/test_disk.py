@@ -9,7 +9,7 @@ import json
 import torch
 from conftest import run_train, tiny_args
 
-from relax_core.checkpoint import format_size, run_disk_usage
+from relax_core.run.checkpoint import format_size, run_disk_usage
 
 
 def test_retention_optimizer_free_final_checkpoint_bf16_model_and_size(tiny_model_dir, prompts_file, tmp_path):

@@ -28,7 +28,7 @@ import statistics
 import pytest
 from conftest import run_train
 
-from relax_core.metrics import read_metrics
+from relax_core.reporting.metrics import read_metrics
 
 STEPS, N = 16, 16  # steps; samples per step (2 prompts × 8)
 

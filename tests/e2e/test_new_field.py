@@ -18,9 +18,9 @@ from test_loop_fakes import make_trainer  # noqa: E402
 
 from relax_core.batch import FIELDS, Batch  # noqa: E402
 from relax_core.config import RunConfig  # noqa: E402
-from relax_core.plugins import load_registry  # noqa: E402
-from relax_core.exits import EXIT_OK  # noqa: E402
-from relax_core.validation import resolve  # noqa: E402
+from relax_core.host.plugins import load_registry  # noqa: E402
+from relax_core.run.exits import EXIT_OK  # noqa: E402
+from relax_core.host.validation import resolve  # noqa: E402
 
 
 @pytest.fixture(scope="module")

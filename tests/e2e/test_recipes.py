@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from relax_core.config import build_config, load_yaml
-from relax_core.plugins import default_registry
-from relax_core.validation import resolve
+from relax_core.host.plugins import default_registry
+from relax_core.host.validation import resolve
 
 RECIPES = Path(__file__).resolve().parents[2] / "examples" / "recipes"
 ESTIMATORS = ("grpo", "rloo", "ppo", "cispo", "gspo", "sapo", "m2po", "reinforce_plus_plus", "reinforce_plus_plus_baseline")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import E2E, ROOT, tiny_args
 
-from relax_core.metrics import read_metrics
+from relax_core.reporting.metrics import read_metrics
 
 STEPS = 6
 

@@ -10,8 +10,8 @@ import shutil
 import pytest
 from conftest import run_train, tiny_args
 
-import relax_core.launch as launch_mod
-from relax_core.metrics import read_metrics
+import relax_core.run.launch as launch_mod
+from relax_core.reporting.metrics import read_metrics
 
 KEYS = ("rollout/raw_reward", "rollout/response_len/mean", "train/loss", "train/grad_norm", "train/entropy")
 

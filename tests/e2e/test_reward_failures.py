@@ -8,7 +8,7 @@ import time
 import pytest
 from conftest import run_train, tiny_args
 
-from relax_core.metrics import read_metrics
+from relax_core.reporting.metrics import read_metrics
 
 
 @pytest.mark.parametrize("scorer, counted, other", [

@@ -6,7 +6,7 @@ import math
 import pytest
 from conftest import run_train, tiny_args
 
-from relax_core.metrics import read_metrics
+from relax_core.reporting.metrics import read_metrics
 
 TIMING = ("time", "perf/", "throughput", "_s", "rss", "tokens_per_s")
 

@@ -8,7 +8,7 @@ import math
 import pytest
 from conftest import run_train
 
-from relax_core.metrics import read_metrics
+from relax_core.reporting.metrics import read_metrics
 
 
 @pytest.mark.slow

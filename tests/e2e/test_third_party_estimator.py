@@ -16,8 +16,8 @@ import relax_toy_estimator  # noqa: E402
 
 from relax_core.config import build_config  # noqa: E402
 from relax_core.contracts import CorrectionInput, PolicyLossInput  # noqa: E402
-from relax_core.plugins import load_registry  # noqa: E402
-from relax_core.validation import resolve  # noqa: E402
+from relax_core.host.plugins import load_registry  # noqa: E402
+from relax_core.host.validation import resolve  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import math
 import pytest
 from conftest import ROOT, run_train, tiny_args
 
-from relax_core.metrics import read_metrics
-from relax_core.plugins import default_registry
+from relax_core.reporting.metrics import read_metrics
+from relax_core.host.plugins import default_registry
 
 ESTIMATORS = ("grpo", "rloo", "ppo", "cispo", "gspo", "sapo", "m2po", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 

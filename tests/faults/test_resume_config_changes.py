@@ -10,10 +10,10 @@ import json
 import pytest
 from fault_helpers import run_train, tiny_args
 
-import relax_core.launch as launch_mod
-from relax_core import checkpoint as ckpt
+import relax_core.run.launch as launch_mod
+from relax_core.run import checkpoint as ckpt
 from relax_core.config import build_config, config_to_dict, parse_cli
-from relax_core.plugins import default_registry
+from relax_core.host.plugins import default_registry
 
 
 class _Backend:

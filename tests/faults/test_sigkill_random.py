@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from fault_helpers import FAULTS, ROOT, assert_same_metrics, tiny_args
 
-from relax_core import checkpoint as ckpt
+from relax_core.run import checkpoint as ckpt
 from relax_core.data import DataCursor
-from relax_core.metrics import read_metrics
+from relax_core.reporting.metrics import read_metrics
 from relax_core.trainer import TRAINED_LOG
 
 STEPS = 10

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from relax_core.metrics import read_metrics
+from relax_core.reporting.metrics import read_metrics
 
 DAPO = Path(__file__).resolve().parents[2] / "examples" / "relax-dapo"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from relax_ray_helpers import ray_args, run_train, trained
 
-from relax_core.metrics import read_metrics
+from relax_core.reporting.metrics import read_metrics
 
 STEPS = [1, 2, 3, 4]
 

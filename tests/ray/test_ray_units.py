@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from relax_core.config import build_config, config_to_dict
-from relax_core.rollout import staleness_metrics
+from relax_core.stages.rollout import staleness_metrics
 from relax_core.distributed.proxies import chunk_seed, data_parallel_layout, split_even
 from relax_core.distributed.workers import config_from_dict, loss_recipe
-from relax_core.plugins import default_registry
+from relax_core.host.plugins import default_registry
 
 
 @pytest.mark.parametrize("n,parts", [(8, 2), (7, 3), (2, 4), (0, 2)])
@@ -131,7 +131,7 @@ BATCH = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "8"]  # 32 sampl
 def test_batch_shape_counts_model_parallel_ranks(args, message, fix):
     """Dry runs: DP = training workers / (TP × CP × PP); the worker count must be a multiple
     of TP × CP × PP (flags and fix named)."""
-    from relax_core.validation import resolve
+    from relax_core.host.validation import resolve
 
     res = _train(["--dry-run", "--train-backend", "megatron", *BATCH, *args])
     assert res.exit_code == 2, res.output
@@ -155,7 +155,7 @@ def test_tensor_parallel_megatron_over_ray_passes_validation():
 
 
 def test_driver_loss_sums_the_replicas_metric_contributions():
-    from relax_core.loss import ActorLoss, CriticLoss, LossSettings
+    from relax_core.stages.loss import ActorLoss, CriticLoss, LossSettings
 
     settings = LossSettings.from_config(build_config(cli={}), "ppo_clip")
     for loss in (ActorLoss(None, [], settings, num_tokens=10.0, num_samples=4.0, old_from_current=False),

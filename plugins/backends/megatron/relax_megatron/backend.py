@@ -41,7 +41,7 @@ from torch import Tensor
 
 from relax_core.batch import Batch
 from relax_core.contracts import ForwardOutput, Gradients
-from relax_core.optimizer import step_torch_optimizer
+from relax_core.stages.optimizer import step_torch_optimizer
 from relax_megatron import convert
 from relax_megatron.parallel import (allreduce_grads, allreduce_tied_embedding_grads, broadcast_from_last_stage,
                                      cp_positions, group_sum, local_index, padded_length, run_pipeline)
@@ -198,7 +198,7 @@ class MegatronBackend:
         bf16: ``--bf16``: bfloat16 autocast in the forward, float32 weights and optimizer
             state, float32 log-softmax (as the torch backend).
         lr / weight_decay: AdamW's (the core sets each step's learning rate,
-            :mod:`relax_core.optimizer`).
+            :mod:`relax_core.stages.optimizer`).
         Other arguments: the run's batching flags.
     """
 

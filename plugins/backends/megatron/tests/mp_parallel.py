@@ -12,7 +12,7 @@ from mp_workers import TEMPERATURE, ToyLoss, tiny_batch, tiny_hf, train_step
 
 class MetricLoss(ToyLoss):
     """:class:`ToyLoss` that also keeps ``metrics()`` (the sum of its micro-batch losses
-    and masked token counts) and takes ``add_metrics`` like :class:`relax_core.loss.ActorLoss`."""
+    and masked token counts) and takes ``add_metrics`` like :class:`relax_core.stages.loss.ActorLoss`."""
 
     def __init__(self, num_tokens: float, nan: bool = False):
         super().__init__(num_tokens, nan)

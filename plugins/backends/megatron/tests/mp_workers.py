@@ -29,7 +29,7 @@ def train_step(be, batch, loss_fn) -> dict:
     dict (:class:`relax_core.contracts.StepResult`'s fields), for ``torch.save``."""
     import dataclasses
 
-    from relax_core.optimizer import OptimizerSettings, optimizer_step
+    from relax_core.stages.optimizer import OptimizerSettings, optimizer_step
 
     settings = OptimizerSettings(lr=1e-3, critic_lr=1e-3, warmup_steps=0, clip_grad=0.0)
     return dataclasses.asdict(optimizer_step(be, batch, loss_fn, role="actor", settings=settings))

@@ -63,7 +63,7 @@ def test_two_step_training_run(tiny_model_dir, tmp_path):  # noqa: F811
                 "--num-rollout", "2", "--quiet", "--lr", "1e-3", "--seed", "3", "--reward-num-workers", "1",
                 "--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-loss-type", "k3", "--micro-batch-size", "4"], timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    from relax_core.metrics import read_metrics
+    from relax_core.reporting.metrics import read_metrics
 
     recs = read_metrics(tmp_path / "run")
     assert [x["step"] for x in recs] == [1, 2]
@@ -85,8 +85,8 @@ def test_two_step_training_run(tiny_model_dir, tmp_path):  # noqa: F811
 def test_refused_combinations_name_the_capability():
     """Corrections and estimators needing what megatron does not declare are refused."""
     from relax_core.config import RunConfig
-    from relax_core.plugins import default_registry
-    from relax_core.validation import resolve
+    from relax_core.host.plugins import default_registry
+    from relax_core.host.validation import resolve
 
     reg = default_registry()
     cases = {"routing_replay": ("correction", "supports_routing_replay"), "ppo": ("estimator", "supports_critic")}
@@ -103,8 +103,8 @@ def test_a_token_budget_it_cannot_honour_is_refused():
     """megatron micro-batches by --micro-batch-size only: --max-tokens-per-micro-batch is
     refused at startup instead of being ignored (issue 17)."""
     from relax_core.config import RunConfig
-    from relax_core.plugins import default_registry
-    from relax_core.validation import resolve
+    from relax_core.host.plugins import default_registry
+    from relax_core.host.validation import resolve
 
     _, problems = resolve(RunConfig(train_backend="megatron", max_tokens_per_micro_batch=4096), default_registry())
     hit = [p for p in problems if p.constraint == "supports_token_budget"]

@@ -22,7 +22,7 @@ Optimisation.  :meth:`TorchBackend.accumulate_gradients` splits the batch into m
 ``--shared-prefix``), sums ``loss_fn``'s micro-batch losses in
 backward (they are already scaled by the global denominators) and all-reduces (sums)
 gradients over data-parallel ranks when ``torch.distributed`` is initialised; the core's
-optimizer step (:mod:`relax_core.optimizer`: non-finite skipping, ``--clip-grad``,
+optimizer step (:mod:`relax_core.stages.optimizer`: non-finite skipping, ``--clip-grad``,
 ``--lr-warmup-steps``) then calls :meth:`~TorchBackend.grad_norm` and
 :meth:`~TorchBackend.apply_gradients`, an AdamW step (``--weight-decay``, ``--adam-beta1``,
 ``--adam-beta2``, ``--adam-eps``).  ``--bf16``: bfloat16 autocast
@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from relax_core.batch import Batch
 from relax_core.contracts import ForwardOutput, Gradients
 from relax_core.models import load_model, load_state_dict_, load_tokenizer
-from relax_core.optimizer import step_torch_optimizer
+from relax_core.stages.optimizer import step_torch_optimizer
 from relax_torch.logprobs import token_log_probs
 from relax_torch.shared_prefix import EXACT_ATTENTION, build_layout, group_of, packed_tokens
 
@@ -158,7 +158,7 @@ class TorchBackend:
             needs_critic: build the critic: ``critic_settings.load`` (a model directory,
                 optionally with ``value_head.safetensors``) or a copy of the initial
                 backbone with a zero value head (its learning rate, ``critic_settings.lr``,
-                is the core's: :class:`relax_core.optimizer.OptimizerSettings`).
+                is the core's: :class:`relax_core.stages.optimizer.OptimizerSettings`).
             needs_top_k: compute log-probs at the batch's ``top_k_ids`` in
                 :meth:`accumulate_gradients`.
             routing_replay: replay the batch's ``routed_experts`` in actor and reference

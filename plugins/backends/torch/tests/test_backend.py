@@ -469,8 +469,8 @@ def test_cuda_bf16_loss_path_close_to_fp32(tiny_bytes_model_dir):
     on CUDA under ``--bf16``: loss and gradient norm within 2 % of the float32 step on the
     same batch, finite, weights kept float32 and moved by the step."""
     from relax_core.config import RunConfig
-    from relax_core.loss import ActorLoss, LossSettings, global_denominators
-    from relax_core.plugins import default_registry
+    from relax_core.stages.loss import ActorLoss, LossSettings, global_denominators
+    from relax_core.host.plugins import default_registry
 
     spec = default_registry().get("estimator", "grpo").spec
     params = spec.default_params()

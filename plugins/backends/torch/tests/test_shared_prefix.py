@@ -20,8 +20,8 @@ from relax_torch_test_helpers import PGLoss
 from relax_core.batch import Batch
 from relax_core.config import RunConfig
 from relax_core.contracts import AdvantageInput
-from relax_core.loss import ActorLoss, LossSettings, global_denominators
-from relax_core.plugins import default_registry
+from relax_core.stages.loss import ActorLoss, LossSettings, global_denominators
+from relax_core.host.plugins import default_registry
 from relax_torch.backend import TorchBackend
 from relax_torch.plugin import TorchBackendParams
 from relax_torch.shared_prefix import build_layout

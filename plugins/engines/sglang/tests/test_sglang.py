@@ -159,8 +159,8 @@ def test_generate_round_trip_over_http(fake_engine):
 
 def test_capabilities_and_startup_validation():
     from relax_core.config import RunConfig
-    from relax_core.plugins import load_registry
-    from relax_core.validation import resolve
+    from relax_core.host.plugins import load_registry
+    from relax_core.host.validation import resolve
 
     reg = load_registry()
     caps = reg.get("engine", "sglang").spec.capabilities_for()

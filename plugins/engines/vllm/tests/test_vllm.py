@@ -56,7 +56,7 @@ def test_to_generation_output_errors_and_empty():
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
 def test_choosing_vllm_without_it_gives_install_hint():
-    from relax_core.plugins import load_registry
+    from relax_core.host.plugins import load_registry
 
     spec = load_registry().get("engine", "vllm").spec
     with pytest.raises(ImportError, match=r"plugins/engines/vllm\[engine\]"):
@@ -168,8 +168,8 @@ def test_contract():
 
 def test_routing_replay_with_vllm_refused_at_startup():
     from relax_core.config import RunConfig
-    from relax_core.plugins import default_registry
-    from relax_core.validation import resolve
+    from relax_core.host.plugins import default_registry
+    from relax_core.host.validation import resolve
 
     reg = default_registry()
     if "routing_replay" not in reg.names("correction"):

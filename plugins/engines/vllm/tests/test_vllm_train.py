@@ -38,7 +38,7 @@ def test_two_step_training_run_with_vllm(tmp_path):
     r = subprocess.run([sys.executable, "-c", "from cli.main import app; app()", "train", *args],
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    from relax_core.metrics import read_metrics
+    from relax_core.reporting.metrics import read_metrics
 
     recs = read_metrics(tmp_path / "run")
     assert [x["step"] for x in recs] == [1, 2]

@@ -12,8 +12,8 @@ import torch
 
 from relax_core.config import RunConfig, build_config
 from relax_core.contracts import AdvantageInput, PolicyLossInput
-from relax_core.plugins import default_registry
-from relax_core.validation import resolve
+from relax_core.host.plugins import default_registry
+from relax_core.host.validation import resolve
 from relax_m2po.m2po import harmful_delta_sq, m2po_loss, solve_bounds, sort_ascending
 
 TOL = 1e-12

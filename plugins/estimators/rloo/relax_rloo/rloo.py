@@ -101,7 +101,7 @@ def raw_signal_kept(config: RunConfig) -> bool:
     (``allowed_with_strict_estimators``); unknown processors count as replacing it."""
     if not config.reward_processor:
         return True
-    from relax_core.plugins import PluginError, default_registry
+    from relax_core.host.plugins import PluginError, default_registry
 
     reg = default_registry()
     try:

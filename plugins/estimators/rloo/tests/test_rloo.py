@@ -6,8 +6,8 @@ import torch
 
 from relax_core.config import RunConfig, build_config
 from relax_core.contracts import AdvantageInput, PolicyLossInput
-from relax_core.plugins import default_registry
-from relax_core.validation import resolve
+from relax_core.host.plugins import default_registry
+from relax_core.host.validation import resolve
 
 NAN = float("nan")
 

@@ -8,7 +8,7 @@ import torch
 
 from relax_core.config import RunConfig, build_config
 from relax_core.contracts import AdvantageInput, PolicyLossInput
-from relax_core.plugins import default_registry
+from relax_core.host.plugins import default_registry
 
 
 def _spec():

@@ -27,7 +27,7 @@
      evaluate (fractions, binomials, factorials, decimals, percentages), is unparseable.
 
 math-verify is called with ``parsing_timeout=None`` and ``timeout_seconds=None`` (its own
-timeouts use ``signal.alarm``, main thread only); :func:`relax_core.rewarding.score_batch`
+timeouts use ``signal.alarm``, main thread only); :func:`relax_core.stages.rewarding.score_batch`
 enforces ``--reward-timeout``.
 
 ``gsm8k``: the label's number (after ``####``, or the label itself) against the response's

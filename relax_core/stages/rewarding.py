@@ -204,7 +204,7 @@ def resolve_scorer(cfg: Any, registry: Any = None) -> Scorer:
             ``--reward``, or a scorer that cannot be built.
     """
     if registry is None:
-        from relax_core.plugins import default_registry
+        from relax_core.host.plugins import default_registry
 
         registry = default_registry()
     specs = {name: reg.spec for name, reg in registry.components["reward"].items()}
@@ -219,7 +219,7 @@ def resolve_scorer(cfg: Any, registry: Any = None) -> Scorer:
 def build_processors(cfg: Any, registry: Any = None) -> list[Any]:
     """The ``--reward-processor`` objects, built in the order given."""
     if registry is None:
-        from relax_core.plugins import default_registry
+        from relax_core.host.plugins import default_registry
 
         registry = default_registry()
     out = []

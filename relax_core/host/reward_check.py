@@ -54,11 +54,11 @@ def _asks_for_box(row: dict, cfg: Any) -> bool:
 
 def label_check(scorer: Any, datasets: Sequence[tuple[str, Any]], cfg: Any) -> tuple[list[str], list[str]]:
     """Score the first :data:`CHECK_ROWS` labels of each dataset through the run's scorer, in
-    the reward worker pool (:func:`relax_core.rewarding.score_batch`, ``--reward-timeout``,
+    the reward worker pool (:func:`relax_core.stages.rewarding.score_batch`, ``--reward-timeout``,
     ``--reward-num-workers``).
 
     Args:
-        scorer: the run's :class:`~relax_core.rewarding.Scorer` (its ``check`` has passed).
+        scorer: the run's :class:`~relax_core.stages.rewarding.Scorer` (its ``check`` has passed).
         datasets: ``(flag, Dataset)`` pairs, e.g. ``[("--data", train), ("--eval-data", ev)]``.
         cfg: the run config (``system_prompt``, ``reward_timeout``, ``reward_num_workers``).
 
@@ -77,7 +77,7 @@ def label_check(scorer: Any, datasets: Sequence[tuple[str, Any]], cfg: Any) -> t
             spec = scorer.specs.get(name)
             if spec is not None and not getattr(spec, "self_check", True):
                 continue
-            from relax_core.rewarding import score_batch
+            from relax_core.stages.rewarding import score_batch
 
             texts = [t for row in rows for t in _candidates(row["label"])]
             labels = [row["label"] for row in rows for _ in range(2)]
@@ -133,7 +133,7 @@ class RewardWatch:
 
     Args:
         score: ``score(responses, labels, metadata, prompts) -> (rewards, metrics)``.
-        scorer: the run's :class:`~relax_core.rewarding.Scorer` (names and extraction).
+        scorer: the run's :class:`~relax_core.stages.rewarding.Scorer` (names and extraction).
         notify: called once with the warning text.
         calls: score calls to look at (each is one training step or one evaluation).
     """

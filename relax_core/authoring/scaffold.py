@@ -378,7 +378,7 @@ TODO: wrap your training library.  Implement the ``TrainBackend`` protocol of
 ``relax_core.contracts``: ``forward``; the gradient half of an optimizer step
 (``accumulate_gradients``, ``grad_norm``, ``apply_gradients``, ``zero_grad``,
 ``optimizer_steps``: the core decides skipping, clipping and the learning rate,
-``relax_core.optimizer``); ``engine_state_dict``, ``save_checkpoint``/``load_checkpoint``,
+``relax_core.stages.optimizer``); ``engine_state_dict``, ``save_checkpoint``/``load_checkpoint``,
 ``save_hf``.
 """
 

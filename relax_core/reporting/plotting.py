@@ -1,6 +1,6 @@
 """``relax plot``: metrics against step as a PNG, several runs overlaid.
 
-Reads each run's ``metrics.jsonl`` (:func:`relax_core.metrics.read_metrics`) and draws one
+Reads each run's ``metrics.jsonl`` (:func:`relax_core.reporting.metrics.read_metrics`) and draws one
 panel per metric, one colour per run, labelled with the run directory's name.  The default
 panels are the ones that carry information for the runs at hand:
 
@@ -23,7 +23,7 @@ import difflib
 import math
 from pathlib import Path
 
-from relax_core.metrics import read_metrics
+from relax_core.reporting.metrics import read_metrics
 
 REWARD = "rollout/raw_reward"
 LENGTH = "rollout/response_len/mean"

@@ -44,9 +44,9 @@ import torch
 from relax_core.batch import Batch
 from relax_core.contracts import RewardBatch, SamplingParams
 from relax_core.data import DataCursor, Dataset, encode_prompts
-from relax_core.evaluation import sample_metrics
+from relax_core.evaluation.metrics import sample_metrics
 from relax_core.numerics import ZERO_STD_TOL, group_stats
-from relax_core.rewarding import apply_processors, mean_over_rounds
+from relax_core.stages.rewarding import apply_processors, mean_over_rounds
 
 def sampling_seed(seed: int, step: int, round_: int = 0) -> int:
     """Per-step generation seed, so a resumed run samples exactly what the original did."""
@@ -336,7 +336,7 @@ class Rollout:
         with a fixed seed (comparable across steps) and the evaluation's own sampling
         (``--eval-temperature``, ``--eval-top-p``, ``--eval-max-response-len``, each
         defaulting to its ``--rollout-*`` counterpart); the metrics of
-        :func:`relax_core.evaluation.sample_metrics`, as ``relax eval`` computes them."""
+        :func:`relax_core.evaluation.metrics.sample_metrics`, as ``relax eval`` computes them."""
         cfg = self.cfg
         idx = list(range(min(len(eval_data), cfg.eval_max_prompts)))
         t0 = time.monotonic()

@@ -4,16 +4,16 @@ What is evaluated (``MODEL_OR_RUN``, see :func:`resolve_target`): a run director
 ``final/``, or with ``--checkpoint step_N`` that checkpoint's trained weights on the run's
 model), a checkpoint directory, a Hugging Face model directory, or a model name.  The data
 (``--eval-data NAME=SOURCE``, any ``--data`` scheme) are read by
-:func:`relax_core.data.load_dataset` and scored by :func:`relax_core.rewarding.resolve_scorer`
-through :func:`relax_core.launch.make_score`, and samples come from the run's rollout engine
-through :class:`relax_core.rollout.Rollout`: the same code as ``relax train``.  A run
+:func:`relax_core.data.load_dataset` and scored by :func:`relax_core.stages.rewarding.resolve_scorer`
+through :func:`relax_core.run.launch.make_score`, and samples come from the run's rollout engine
+through :class:`relax_core.stages.rollout.Rollout`: the same code as ``relax train``.  A run
 directory lends its configuration (model, engine, chat template, prompt suffix, ``--reward``,
 data keys); eval sampling is always this command's own (:class:`EvalSettings`).
 
 Per set: greedy decoding (temperature 0, one sample per prompt) gives ``pass@1_greedy``;
 ``--n-samples K`` adds ``K`` samples per prompt at ``--eval-temperature`` /
 ``--eval-top-p``, giving the mean accuracy, ``pass@k`` and ``maj@k`` for every
-``--pass-k`` value (:mod:`relax_core.evaluation`).  Every figure has its standard error
+``--pass-k`` value (:mod:`relax_core.evaluation.metrics`).  Every figure has its standard error
 and 95 % interval over prompts.  Output: a table on stdout, ``eval.json`` and
 ``eval_samples.jsonl`` in ``--out``.  Bad input: one line per problem, exit 2, before any
 model loads.
@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from relax_core.launch import BadInput
+from relax_core.run.launch import BadInput
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -86,7 +86,7 @@ def parse_eval_data(values: list[str]) -> list[tuple[str | None, str]]:
 def _config(run_dir: Path | None, model: str | None, schemas: dict) -> Any:
     """The run's configuration (``model`` from it unless given), or the defaults."""
     from relax_core.config import ConfigError, build_config
-    from relax_core.resume import saved_values
+    from relax_core.run.resume import saved_values
 
     values = saved_values(json.loads((run_dir / "config.json").read_text()), schemas)[0] if run_dir else {}
     values["launcher"] = "local"
@@ -115,9 +115,9 @@ def resolve_target(target: str, checkpoint: str | None, schemas: dict) -> Target
             with something that is not a run, a checkpoint without torch-backend weights,
             a model that cannot load.
     """
-    from relax_core.checkpoint import complete_checkpoints
+    from relax_core.run.checkpoint import complete_checkpoints
     from relax_core.models import model_problem
-    from relax_core.resume import checkpoint_dir
+    from relax_core.run.resume import checkpoint_dir
 
     path = Path(target).expanduser()
     if (path / "run_info.json").is_file():
@@ -172,7 +172,7 @@ def load_sets(specs: list[tuple[str | None, str]], cfg: Any, reg: Any, scorer: A
             with one name.
     """
     from relax_core.data import DataError, load_dataset
-    from relax_core.rewarding import RewardSetupError
+    from relax_core.stages.rewarding import RewardSetupError
 
     problems, sets = [], []
     for name, source in specs:
@@ -216,11 +216,11 @@ def _records(set_name: str, mode: str, batch: Any, answers: list[str | None] | N
 def evaluate_set(rollout: Any, scorer: Any, ev: EvalSet, settings: EvalSettings, max_len: int,
                  stop: tuple[str, ...]) -> tuple[dict, list[dict]]:
     """Greedy, then (``n_samples > 0``) sampled generation on one set; its metrics
-    (name → :meth:`~relax_core.evaluation.Estimate.as_dict`) and sample records."""
+    (name → :meth:`~relax_core.evaluation.metrics.Estimate.as_dict`) and sample records."""
     import torch
 
     from relax_core.contracts import SamplingParams
-    from relax_core.evaluation import CORRECT_REWARD, estimate, majority_correct, pass_at_k, sample_metrics
+    from relax_core.evaluation.metrics import CORRECT_REWARD, estimate, majority_correct, pass_at_k, sample_metrics
 
     rows = ev.data.rows
     idx = list(range(min(len(rows), settings.max_prompts or len(rows))))
@@ -264,7 +264,7 @@ def _out_dir(target: Target, out: str | None) -> Path:
 def prepare(target_arg: str, *, eval_data: list[str], checkpoint: str | None, settings: EvalSettings,
             reward: str | None, custom_rm_path: str | None, reg: Any) -> tuple[Target, list[EvalSet], Any, list[str]]:
     """Everything checked before a model loads: the target, the settings, the scorer, the
-    data, and that a correct label scores (:func:`relax_core.reward_check.label_check`, as
+    data, and that a correct label scores (:func:`relax_core.host.reward_check.label_check`, as
     ``relax train`` checks).  Returns ``(target, sets, scorer, warnings to show)``.
 
     Raises:
@@ -272,8 +272,8 @@ def prepare(target_arg: str, *, eval_data: list[str], checkpoint: str | None, se
     """
     import dataclasses
 
-    from relax_core.reward_check import label_check
-    from relax_core.rewarding import RewardSetupError, resolve_scorer
+    from relax_core.host.reward_check import label_check
+    from relax_core.stages.rewarding import RewardSetupError, resolve_scorer
 
     target = resolve_target(target_arg, checkpoint, reg.param_schemas())
     cfg = target.cfg
@@ -338,9 +338,9 @@ def run_eval(target: Target, sets: list[EvalSet], scorer: Any, settings: EvalSet
     step_N>/`` for a run, ``./eval-<model>/`` otherwise).  Returns ``(the eval.json
     content, the output directory)``."""
     from relax_core import __version__
-    from relax_core.launch import make_score
-    from relax_core.metrics import git_commit
-    from relax_core.rollout import Publisher, Rollout
+    from relax_core.run.launch import make_score
+    from relax_core.reporting.metrics import git_commit
+    from relax_core.stages.rollout import Publisher, Rollout
     from relax_core.trainer import Components
 
     cfg = target.cfg

@@ -6,13 +6,13 @@ A run directory holds::
     run_info.json      relax-core and plugin versions, git commit, old-log-prob mode, data sizes
     metrics.jsonl      one JSON object per step: {"step": N, "rollout/raw_reward": …, …}
     samples.jsonl      a few rollouts per step: step, prompt, response, reward, label
-    checkpoints/       see :mod:`relax_core.checkpoint`
+    checkpoints/       see :mod:`relax_core.run.checkpoint`
     final/             the final model in Hugging Face format
 
 :class:`MetricsLogger` writes ``metrics.jsonl``, mirrors to Weights & Biases when
 ``--wandb-project`` is set (``--wandb-mode offline`` needs no network; the API key comes
 only from the environment, never from the config), and reports each step to the run's
-display (:mod:`relax_core.progress`: a live line in a terminal, plain lines otherwise).
+display (:mod:`relax_core.reporting.progress`: a live line in a terminal, plain lines otherwise).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class MetricsLogger:
             self._wandb = wandb.init(project=cfg.wandb_project, name=self.run_dir.name, mode=cfg.wandb_mode,
                                      dir=str(self.run_dir), config=config_dict, resume="allow",
                                      id=self.run_dir.name.replace("/", "_"))
-        from relax_core import progress
+        from relax_core.reporting import progress
 
         self._own_display = progress.current() is None  # outside `relax train` (tests, scripts)
         self.display = progress.start(cfg) if self._own_display else progress.current()
@@ -84,7 +84,7 @@ class MetricsLogger:
         if step > 0:
             self.display.step(step, metrics)
         else:  # the held-out evaluation before the first step
-            from relax_core.progress import metric_parts
+            from relax_core.reporting.progress import metric_parts
 
             self.display.message("held-out evaluation before step 1: " + " | ".join(metric_parts(metrics)))
             self.display.phase("step 1: generating, scoring and training")
@@ -101,7 +101,7 @@ class MetricsLogger:
 
     def close(self) -> None:
         if self._own_display:
-            from relax_core import progress
+            from relax_core.reporting import progress
 
             progress.close()
             self._own_display = False

@@ -7,8 +7,8 @@ it names the phase (``loading the model``, ``starting the reward workers``, …)
 elapsed time.  When stdout is not a terminal (``relax train … | tee log``) or with
 ``--quiet``, one plain line per step on stdout and one line per phase on stderr.
 
-A run has one display (:func:`start`, :func:`current`): :mod:`relax_core.launch` opens it
-before anything loads, and :class:`relax_core.metrics.MetricsLogger` reports steps to it.
+A run has one display (:func:`start`, :func:`current`): :mod:`relax_core.run.launch` opens it
+before anything loads, and :class:`relax_core.reporting.metrics.MetricsLogger` reports steps to it.
 """
 
 from __future__ import annotations

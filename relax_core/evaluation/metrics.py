@@ -1,6 +1,6 @@
 """Evaluation metrics of one evaluation set: pass@k, maj@k, their standard errors, rewards,
-lengths and truncation.  ``relax eval`` (:mod:`relax_core.eval_run`) and the in-training
-evaluation (``--eval-interval``, :meth:`relax_core.rollout.Rollout.evaluate`) both use them.
+lengths and truncation.  ``relax eval`` (:mod:`relax_core.evaluation.run`) and the in-training
+evaluation (``--eval-interval``, :meth:`relax_core.stages.rollout.Rollout.evaluate`) both use them.
 
 The unit of every interval is the **prompt**: a metric is first computed per prompt (its
 ``n`` samples together), then averaged over the ``P`` prompts; its standard error is the

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relax_core.exits import EXIT_BAD_INPUT, EXIT_CHECKPOINT_FAILED, EXIT_INTERRUPTED, EXIT_WORKER_DIED
+from relax_core.run.exits import EXIT_BAD_INPUT, EXIT_CHECKPOINT_FAILED, EXIT_INTERRUPTED, EXIT_WORKER_DIED
 
 
 class BadInput(ValueError):
@@ -34,6 +34,47 @@ class BadInput(ValueError):
         super().__init__("\n".join(self.problems))
 
 
+def configure(args: list[str], reg: Any) -> tuple[Any, Any, Any]:
+    """The flags of ``relax train`` (and the YAML file and ``--resume`` they name) as a
+    validated run configuration; nothing is loaded.
+
+    Args:
+        args: the command line after ``train``, as typed.
+        reg: the plugin registry.
+
+    Returns:
+        ``(cfg, resolved, ns)``: the :class:`~relax_core.config.RunConfig`, the resolved
+        components (:func:`~relax_core.host.validation.resolve`) and the parsed namespace
+        (``ns.dry_run``).
+
+    Raises:
+        BadInput: every problem of the flags, the YAML file or the selected components
+            (configuration problems prefixed ``config:``).
+    """
+    from relax_core.config import ConfigError, build_config, load_yaml, parse_cli
+    from relax_core.host.validation import resolve
+    from relax_core.run.resume import resume_config
+
+    schemas = reg.param_schemas()
+    names = lambda kind: sorted(reg.components.get(kind, {}))  # noqa: E731
+    choices = {"advantage_estimator": names("estimator"), "correction": names("correction"),
+               "reward": ["auto", *names("reward")], "reward_processor": names("reward_processor"),
+               "rollout_engine": names("engine"), "train_backend": names("backend")}
+    try:
+        cli, config_path, ns = parse_cli(list(args), schemas, choices=choices)
+        yaml_values = load_yaml(config_path) if config_path else {}
+        cfg = build_config(cli=cli, yaml_values=yaml_values, param_schemas=schemas,
+                           yaml_source=config_path or "config")
+        cfg = resume_config(cfg, cli=cli, yaml_values=yaml_values, param_schemas=schemas,
+                            yaml_source=config_path or "config")
+    except ConfigError as e:
+        raise BadInput([f"config: {p}" for p in e.problems]) from None
+    resolved, problems = resolve(cfg, reg)
+    if problems:
+        raise BadInput([str(p) for p in problems])
+    return cfg, resolved, ns
+
+
 def _error(msg: str) -> int:
     print(f"relax: error: {msg}", file=sys.stderr)
     return EXIT_BAD_INPUT
@@ -41,7 +82,7 @@ def _error(msg: str) -> int:
 
 def _error_worker_died(e: Exception, ckpt_dir: Path) -> int:
     """Name the checkpoint to resume from after a training worker died."""
-    from relax_core import checkpoint as ckpt
+    from relax_core.run import checkpoint as ckpt
 
     last = ckpt.latest_checkpoint(ckpt_dir)
     where = (f"the last checkpoint is {last} (step {json.loads((last / 'trainer_state.json').read_text())['step']}); "
@@ -53,7 +94,7 @@ def _error_worker_died(e: Exception, ckpt_dir: Path) -> int:
 
 def find_run_dir(cfg: Any) -> Path:
     """The run directory: ``<output_dir>/<run_name>`` (with ``--resume``, the run that
-    :func:`relax_core.resume.resume_config` chose); without ``--run-name`` a new
+    :func:`relax_core.run.resume.resume_config` chose); without ``--run-name`` a new
     ``<estimator>-<timestamp>`` directory (``-2``, ``-3``, … appended if it exists)."""
     out = Path(cfg.output_dir).expanduser()
     if cfg.run_name:
@@ -86,19 +127,19 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
     """Everything ``relax train`` checks before a model loads, changing nothing on disk, and
     what ``--dry-run`` checks too: the model name (:func:`relax_core.models.model_problem`),
     the data (file, line and column of a fault), the scorer (installed, builds, and a correct
-    label scores: :func:`relax_core.reward_check.label_check`), the engine's log-probs, the
+    label scores: :func:`relax_core.host.reward_check.label_check`), the engine's log-probs, the
     run directory (a fresh start into one that holds a run needs ``--force``) and, with
     ``--resume``, the checkpoint's data fingerprint.
 
     Raises:
         BadInput: listing the problems, each with its fix.
     """
-    from relax_core import checkpoint as ckpt
+    from relax_core.run import checkpoint as ckpt
     from relax_core.data import DataError, exclude_eval_prompts, fingerprint_change, load_dataset
     from relax_core.models import model_problem
-    from relax_core.resume import checkpoint_dir, holds_run
-    from relax_core.reward_check import label_check
-    from relax_core.rewarding import RewardSetupError, resolve_scorer
+    from relax_core.run.resume import checkpoint_dir, holds_run
+    from relax_core.host.reward_check import label_check
+    from relax_core.stages.rewarding import RewardSetupError, resolve_scorer
 
     problems = [p for p in [model_problem(cfg.model)] if p]
     try:
@@ -149,7 +190,7 @@ def prepare_run_dir(cfg: Any, run_dir: Path, fresh: bool) -> None:
     an earlier run left there (metrics, samples, trained-prompt log, checkpoints, final
     model), so that nothing is appended to it (:func:`preflight` refused it without
     ``--force``)."""
-    from relax_core.resume import checkpoint_dir, holds_run
+    from relax_core.run.resume import checkpoint_dir, holds_run
 
     ckpt_dir = checkpoint_dir(cfg, run_dir)
     held = holds_run(run_dir, ckpt_dir) if fresh and cfg.force else []
@@ -164,9 +205,9 @@ def prepare_run_dir(cfg: Any, run_dir: Path, fresh: bool) -> None:
 
 def make_score(scorer: Any, cfg: Any) -> Any:
     """``score(responses, labels, metadata, prompts) -> (rewards, metrics)`` over the run's
-    scorer, run in a worker pool with timeouts (:func:`relax_core.rewarding.score_batch`; the
+    scorer, run in a worker pool with timeouts (:func:`relax_core.stages.rewarding.score_batch`; the
     prompts reach the scorers as ``metadata["prompt"]``)."""
-    from relax_core import rewarding
+    from relax_core.stages import rewarding
 
     def score(responses: list[str], labels: list[Any], metadata: list[dict],
               prompts: list[str]) -> tuple[list[Any], dict[str, float]]:
@@ -184,16 +225,16 @@ def plugin_versions(reg: Any) -> dict[str, str]:
 def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     """Run ``relax train`` with a validated config; returns the exit code.
 
-    The run's display (:mod:`relax_core.progress`) is open from the first check on and names
+    The run's display (:mod:`relax_core.reporting.progress`) is open from the first check on and names
     each start-up phase; a run that reached its loop ends with the summary
-    (:mod:`relax_core.summary`).  A Ctrl-C that stops the run at once (a second one during
+    (:mod:`relax_core.reporting.summary`).  A Ctrl-C that stops the run at once (a second one during
     training, or one before training starts) gives one line and exit 130, no traceback; a
     checkpoint that cannot be written gives one line naming the previous (intact)
     checkpoint and exit 5.
     """
-    from relax_core import checkpoint as ckpt
-    from relax_core import progress
-    from relax_core.resume import checkpoint_dir
+    from relax_core.run import checkpoint as ckpt
+    from relax_core.reporting import progress
+    from relax_core.run.resume import checkpoint_dir
 
     # transformers' "Loading weights" / "Writing model shards" bars: read at its import by
     # worker processes (Ray), switched off in this one by _launch
@@ -223,7 +264,7 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     finally:
         progress.close()
     if trainer is not None:
-        from relax_core.summary import summary_lines
+        from relax_core.reporting.summary import summary_lines
 
         print("\n".join(summary_lines(trainer.run_dir, total=cfg.num_rollout, wall_s=time.monotonic() - t0,
                                       ckpt_dir=trainer.ckpt_dir)), flush=True)
@@ -243,9 +284,9 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
 
     from relax_core.batch import FIELDS
     from relax_core.config import config_to_dict
-    from relax_core.rewarding import build_processors
-    from relax_core.metrics import git_commit
-    from relax_core.reward_check import RewardWatch
+    from relax_core.stages.rewarding import build_processors
+    from relax_core.reporting.metrics import git_commit
+    from relax_core.host.reward_check import RewardWatch
     from relax_core.trainer import Components, build_trainer
 
     random.seed(cfg.seed)

@@ -7,7 +7,7 @@ before any model loads, so that every refusal is a configuration problem (exit 2
   run directory under ``--output-dir`` that holds a complete checkpoint; when several do,
   the choice is refused and they are listed (give ``--run-name``).  The directory resumed
   is always printed.
-- **Which checkpoint.** The newest *complete* one (:func:`relax_core.checkpoint.resume_checkpoint`),
+- **Which checkpoint.** The newest *complete* one (:func:`relax_core.run.checkpoint.resume_checkpoint`),
   with a note when ``latest`` names one that is missing or incomplete.
 - **Which configuration.** The run's saved ``config.json`` is the base; the flags and
   ``--config`` file given now override it, and each override is listed with the step from
@@ -19,7 +19,7 @@ before any model loads, so that every refusal is a configuration problem (exit 2
   ``--num-rollout`` grows.
 
 A run directory that holds a run but no complete checkpoint is refused too, unless
-``--force`` (a fresh start there, see :func:`relax_core.launch.prepare_run_dir`).
+``--force`` (a fresh start there, see :func:`relax_core.run.launch.prepare_run_dir`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from relax_core import checkpoint as ckpt
+from relax_core.run import checkpoint as ckpt
 from relax_core.config import ConfigError, RunConfig, build_config, config_fields, flag_of, param_flag
 
 #: Options that describe this invocation, not the run: never taken from config.json.
@@ -129,7 +129,7 @@ def resume_config(cfg: RunConfig, *, cli: Mapping[str, Any], yaml_values: Mappin
                   param_schemas: Mapping[str, type], yaml_source: str = "config") -> RunConfig:
     """The configuration of a ``--resume`` run (see the module docstring); ``cfg`` itself
     when ``--resume`` is not set or there is nothing to resume (a fresh start: the
-    directory is then checked by :func:`relax_core.launch.prepare_run_dir`).
+    directory is then checked by :func:`relax_core.run.launch.prepare_run_dir`).
 
     Prints, on stderr, the directory and checkpoint resumed and each override.
 

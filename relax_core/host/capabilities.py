@@ -3,7 +3,7 @@
 For each capability a plugin can declare: which component kind declares it, the column
 title of the capability matrix, a one-line description, the run-config predicate that
 needs it (as a check returning the violation, or ``None``), and the fix to print.  The
-startup validator (:mod:`relax_core.validation`), ``relax capabilities`` and the generated
+startup validator (:mod:`relax_core.host.validation`), ``relax capabilities`` and the generated
 ``docs/capabilities.md`` all read this table, and nothing else.
 """
 
@@ -161,7 +161,7 @@ def _parallel(flag: str, what: str, field: str) -> Callable[[Context, Any], str 
 #: the reference model): a non-default value with an estimator that does not list it in
 #: ``uses_options`` is refused, never silently ignored.  (The PPO-clip options are a parameter
 #: block, :class:`relax_core.specs.PPOClipParams`, refused by the generic rule for plugin
-#: parameters that no selected component reads: :func:`relax_core.validation.unread_parameters`.)
+#: parameters that no selected component reads: :func:`relax_core.host.validation.unread_parameters`.)
 SCOPED_OPTIONS = ("kl_coef",)
 
 

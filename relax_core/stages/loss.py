@@ -234,7 +234,7 @@ def _terms_fn(estimator: Any, corrections: list[Any], s: LossSettings, process_g
 
 class ActorLoss(_LossMetrics):
     """``loss_fn(micro_batch, forward_output) -> (loss, metrics)`` for the actor's
-    optimizer step over one global batch (:func:`relax_core.optimizer.optimizer_step`).
+    optimizer step over one global batch (:func:`relax_core.stages.optimizer.optimizer_step`).
 
     Args:
         estimator: the estimator object (``policy_loss``).

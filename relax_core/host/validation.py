@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relax_core.capabilities import CAPABILITIES, Context, Selected
+from relax_core.host.capabilities import CAPABILITIES, Context, Selected
 from relax_core.config import DEFAULT_MODEL, RunConfig, check_bounds, config_fields, param_flag, value_problems
 from relax_core.data import GSM8K_SCHEME, data_sources, parse_data
-from relax_core.plugins import PluginError, Registry
+from relax_core.host.plugins import PluginError, Registry
 
 
 @dataclass(frozen=True)

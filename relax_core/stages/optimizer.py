@@ -93,7 +93,7 @@ def optimizer_step(backend: Any, batch: Any, loss_fn: Any, *, role: str, setting
         backend: a :class:`~relax_core.contracts.TrainBackend` (or its Ray proxy).
         batch: the :class:`~relax_core.batch.Batch` of this step (this rank's share).
         loss_fn: ``(micro_batch, forward_output) -> (loss, metrics)``
-            (:class:`~relax_core.loss.ActorLoss`, :class:`~relax_core.loss.CriticLoss`).
+            (:class:`~relax_core.stages.loss.ActorLoss`, :class:`~relax_core.stages.loss.CriticLoss`).
         role: ``actor`` or ``critic``.
         settings: :class:`OptimizerSettings`.
 

@@ -1,0 +1,4 @@
+"""The stages that :mod:`relax_core.trainer` composes into one step: ``rollout`` (where
+scored batches come from and where weights go: ``Rollout``, the sources, the
+``Publisher``), ``rewarding`` (the reward stage), ``loss`` (the actor and critic losses of a
+micro-batch) and ``optimizer`` (one optimizer step for every backend)."""
