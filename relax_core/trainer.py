@@ -64,6 +64,9 @@ class Components:
     top_k: int = 0
     """Width of the top-k head, when ``rollout_fields`` asks for it."""
     num_critic_only_steps: int = 0
+    adapter_check: Callable[[Batch, int], None] | None = None
+    """With LoRA, ``adapter_check(batch, step)`` after each weight push
+    (:class:`relax_core.lora.AdapterCheck`: raises when the adapter did not reach the engine)."""
 
 
 @dataclass
@@ -196,6 +199,8 @@ class Trainer:
         metrics["perf/train_time"] = time.monotonic() - t_train
         if not self.cfg.load_debug_rollout_data:
             metrics.update(self.publisher.after_step(step))  # 4
+            if self.c.adapter_check is not None and self.publisher.held == step:
+                self.c.adapter_check(batch, step)
         metrics["perf/step_time"] = time.monotonic() - t_step
         self.log.log_samples(step, sample_records(batch, self.cfg.log_samples_per_step))
         with (self.run_dir / TRAINED_LOG).open("a") as fh:
