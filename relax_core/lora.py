@@ -15,6 +15,7 @@ Nothing here imports torch at import time (it is read by startup validation).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -72,9 +73,9 @@ def lora_problems(cfg: Any) -> list[tuple[str, str, str]]:
     (Whether the backend can train adapters is the capability row ``supports_lora``.)"""
     out = []
     if cfg.lora_rank == 0:
-        unused = [flag for flag, on in (("--lora-alpha", cfg.lora_alpha != 16.0), ("--lora-dropout", cfg.lora_dropout != 0),
-                                        ("--lora-target-modules", bool(cfg.lora_target_modules)),
-                                        ("--save-hf-merged", cfg.save_hf_merged)) if on]
+        defaults = {f.name: f.default for f in dataclasses.fields(type(cfg))}
+        unused = ["--" + o.replace("_", "-") for o in ("lora_alpha", "lora_dropout", "lora_target_modules", "save_hf_merged")
+                  if getattr(cfg, o) != defaults[o]]
         if unused:
             out.append(("--lora-rank", f"{', '.join(unused)} set without --lora-rank: it would be a silent no-op",
                         "add --lora-rank R (e.g. 16), or drop them"))

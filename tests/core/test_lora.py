@@ -105,3 +105,23 @@ def test_an_adapter_that_has_not_moved_beyond_the_mismatch_is_checked_again():
     check, _, _ = _check(A, A, A)  # nothing moved at all (B = 0 still): inconclusive, not a failure
     check(BATCH, 1)
     assert not check.passed
+
+
+def test_relax_eval_of_a_lora_run_takes_final_merged_and_refuses_adapters(tmp_path):
+    from relax_core.config import config_to_dict
+    from relax_core.eval_run import resolve_target
+    from relax_core.launch import BadInput
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "run_info.json").write_text("{}")
+    (run / "config.json").write_text(json.dumps(config_to_dict(RunConfig(lora_rank=4)), default=str))
+    (run / "checkpoints" / "step_000002" / "trainer_state.json").write_text("{}")
+    with pytest.raises(BadInput, match="is a LoRA run: its final/ holds the adapter"):
+        resolve_target(str(run), None, {})
+    with pytest.raises(BadInput, match="a LoRA checkpoint holds the adapter only"):
+        resolve_target(str(run), "2", {})
+    (run / "final" / "merged").mkdir(parents=True)
+    (run / "final" / "merged" / "config.json").write_text("{}")
+    target = resolve_target(str(run), None, {})
+    assert target.model == str(run / "final" / "merged") and target.weights is None
