@@ -170,3 +170,20 @@ def test_lora_dropout_acts_in_the_training_forward_only(tiny_model_dir):
     assert torch.equal(a, b)  # no-grad forwards (old log-probs, the adapter check): deterministic
     layer = be.models["actor"].model.layers[0].self_attn.q_proj
     assert layer.lora_dropout["default"].p == 0.5  # not zeroed with the base model's dropouts
+
+
+def test_gradient_checkpointing_gives_the_same_adapter_gradients(tiny_model_dir):
+    from relax_torch.lora import adapter_state_dict, load_adapter_state_dict_
+
+    plain = lora_backend(tiny_model_dir)
+    move_adapter(plain)
+    ckpt = lora_backend(tiny_model_dir, gradient_checkpointing=True)
+    load_adapter_state_dict_(ckpt.models["actor"], adapter_state_dict(plain.models["actor"]))  # the same random A
+    batch = make_batch(seed=6)
+    grads = []
+    for be in (plain, ckpt):
+        be.accumulate_gradients(batch, PGLoss(int(batch.loss_mask.sum())))
+        grads.append({n: p.grad for n, p in be.models["actor"].named_parameters() if p.requires_grad})
+    assert all(bool(g.ne(0).any()) for g in grads[0].values())
+    for n, g in grads[0].items():
+        torch.testing.assert_close(grads[1][n], g, atol=1e-12, rtol=0)
