@@ -9,7 +9,8 @@ from safetensors.torch import load_file
 
 from relax_torch_test_helpers import PGLoss, make_backend, make_batch, train_step
 from relax_core.models import load_model, load_state_dict_
-from relax_torch.lora import merged_state_dict
+from relax_core.config import RunConfig
+from relax_torch.lora import add_adapter, merged_state_dict
 
 RANK, ALPHA = 4, 8.0
 DENSE = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -72,6 +73,22 @@ def test_only_the_adapter_is_trained(tiny_model_dir):
     assert all(after[n].grad is None for n in frozen)
     # the first step moves B (its gradient is (α/r) g (A x)ᵀ ≠ 0); A's gradient is Bᵀ(...) = 0 at B = 0
     assert all(bool(after[n].ne(0).any()) for n in trainable if "lora_B" in n)
+
+
+def test_a_critic_beside_the_adapted_actor_trains_all_its_weights_and_checkpoints(tiny_model_dir, tmp_path):
+    be = lora_backend(tiny_model_dir, dtype="float32")
+    be.setup(needs_critic=True)
+    critic = list(be.models["critic"].parameters())
+    assert all(p.requires_grad for p in critic)  # PPO's value model: full fine-tuning
+    assert sum(len(g["params"]) for g in be.optimizers["critic"].param_groups) == len(critic)
+    with torch.no_grad():
+        be.models["critic"].value_head.weight.fill_(0.5)  # (a fresh critic's head is 0)
+    be.save_checkpoint(str(tmp_path / "ck"))
+    other = lora_backend(tiny_model_dir, dtype="float32")
+    other.setup(needs_critic=True)
+    other.load_checkpoint(str(tmp_path / "ck"))  # adapter + full critic
+    assert all(torch.equal(a, b) for a, b in zip(other.models["critic"].state_dict().values(),
+                                                 be.models["critic"].state_dict().values()))
 
 
 def test_the_engine_gets_merged_weights_under_the_base_models_names(moved, tiny_model_dir):
@@ -143,23 +160,23 @@ def test_save_hf_writes_the_peft_adapter_and_on_request_the_merged_model(tiny_mo
 
 
 def _adapted(model_dir, **cfg) -> set[str]:
-    be = make_backend(model_dir, dtype="float32", lora_rank=2, **cfg)  # (grouped MoE matmuls: no float64)
-    return {n.split(".")[-1] for n, m in be.models["actor"].named_modules() if hasattr(m, "lora_A")}
+    model = load_model(str(model_dir))
+    add_adapter(model, RunConfig(model=str(model_dir), lora_rank=2, **cfg))
+    return {n.split(".")[-1] for n, m in model.named_modules() if hasattr(m, "lora_A")}
 
 
 def test_default_target_modules_per_architecture(tiny_model_dir, tiny_moe_model_dir, tmp_path):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                  num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
                      ).save_pretrained(tmp_path / "llama")
-    AutoTokenizer.from_pretrained(str(tiny_model_dir)).save_pretrained(tmp_path / "llama")
     assert _adapted(tmp_path / "llama") == DENSE  # SmolLM2's architecture
     assert _adapted(tiny_model_dir) == DENSE  # Qwen3
     assert _adapted(tiny_moe_model_dir) == {"q_proj", "k_proj", "v_proj", "o_proj"}  # Qwen3-MoE: not the router
     assert _adapted(tiny_model_dir, lora_target_modules=("v_proj",)) == {"v_proj"}
     with pytest.raises(ValueError, match="embeddings"):
-        make_backend(tiny_model_dir, lora_rank=2, lora_target_modules=("q_proj", "embed_tokens"))
+        _adapted(tiny_model_dir, lora_target_modules=("q_proj", "embed_tokens"))
 
 
 def test_lora_dropout_acts_in_the_training_forward_only(tiny_model_dir):
