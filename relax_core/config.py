@@ -109,6 +109,12 @@ class RunConfig:
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward.", group="optim")
     max_skipped_steps: int = opt(3, "Stop after this many consecutive non-finite steps.", ge=1, group="optim")
 
+    # ---- LoRA adapters (relax_core.run.lora; Hu et al. 2021, arXiv 2106.09685)
+    lora_rank: int = opt(0, "LoRA rank r: train low-rank adapters W + (α/r)·B·A on --lora-target-modules instead of every weight (0 = full fine-tuning).", ge=0, group="lora")
+    lora_alpha: float = opt(16.0, "LoRA α: the adapter's output is scaled by α/r.", gt=0, group="lora")
+    lora_dropout: float = opt(0.0, "Dropout on the adapter's input, in the training forward only (the old-log-prob and rollout forwards have none).", ge=0, group="lora")
+    lora_target_modules: tuple[str, ...] = opt((), "Module name to adapt (repeatable; the last part of the name, e.g. q_proj). Default per architecture: attention and MLP projections for Llama/SmolLM2 and Qwen3, attention projections for Qwen3-MoE.", repeat=True, group="lora")
+
     # ---- rollout
     rollout_temperature: float = opt(0.7, "Sampling temperature.", ge=0, group="rollout")
     rollout_top_p: float = opt(1.0, "Nucleus sampling p.", gt=0, le=1, group="rollout")
@@ -151,6 +157,7 @@ class RunConfig:
     force: bool = opt(False, "Start a fresh run in a run directory that already holds one, deleting its checkpoints, metrics, samples and final model.", group="output")
     save_hf: bool = opt(True, "Save the final model in Hugging Face format.", group="output")
     save_hf_dtype: str = opt("train", "dtype of the final model: 'train' (the training dtype) or 'bfloat16' (half the size of float32).", choices=("train", "bfloat16"), group="output")
+    save_hf_merged: bool = opt(False, "With --lora-rank: also write the merged model (base + adapter) to final/merged/.", group="output")
     save_debug_rollout_data: str | None = opt(None, "Store every step's rollout batch in DIR.", group="output")
     load_debug_rollout_data: str | None = opt(None, "Train on stored rollout batches from DIR (no generation).", group="output")
     wandb_project: str | None = opt(None, "Log to this Weights & Biases project.", group="output")

@@ -287,6 +287,10 @@ class BackendCapabilities:
     supports_token_budget: bool = False
     """Packs micro-batches to ``--max-tokens-per-micro-batch`` padded tokens (otherwise the
     flag is refused rather than ignored)."""
+    supports_lora: bool = False
+    """Trains LoRA adapters (``--lora-rank > 0``, :mod:`relax_core.run.lora`): only the adapters
+    are optimised and checkpointed, ``engine_state_dict`` gives the merged weights under the
+    base model's names, and the ``ref`` role is the base model with the adapter disabled."""
     requires: frozenset[str] = frozenset()
     """Conditions of declared capabilities, as ``"<capability field>:<requirement>"``; a
     requirement is ``cuda`` (a CUDA device) or the name of a module that must be importable,

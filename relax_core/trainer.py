@@ -7,10 +7,9 @@
                    (policy loss → corrections → reduce + KL − entropy, relax_core.stages.loss)
     4. publish     the new weights to the engine every --update-weights-interval steps
 
-Synchronous local, synchronous Ray and fully-async Ray runs differ only in the objects
-given to :class:`Trainer` (the engine and backend, or their Ray proxies; a
-:class:`~relax_core.stages.rollout.SyncSource` or :class:`~relax_core.stages.rollout.AsyncSource`; a
-pushing or posting :class:`~relax_core.stages.rollout.Publisher`): see :func:`build_trainer`.  Shapes: ``B`` samples, ``T`` padded response length.
+Synchronous local, synchronous Ray and fully-async Ray runs differ only in the objects given to
+:class:`Trainer` (engine and backend or their Ray proxies; a ``SyncSource`` or ``AsyncSource`` and a
+pushing or posting ``Publisher`` of :mod:`relax_core.stages.rollout`): see :func:`build_trainer`.
 
 Old log-probs (``train/old_logp_source``): 0 = ``detach(log π_θ)`` in the loss, used when
 there is exactly one optimizer step per rollout and nothing before the update needs them
@@ -64,6 +63,8 @@ class Components:
     top_k: int = 0
     """Width of the top-k head, when ``rollout_fields`` asks for it."""
     num_critic_only_steps: int = 0
+    adapter_check: Callable[[Batch, int], None] | None = None
+    """With LoRA: called after each push (:class:`relax_core.run.lora.AdapterCheck`)."""
 
 
 @dataclass
@@ -196,6 +197,8 @@ class Trainer:
         metrics["perf/train_time"] = time.monotonic() - t_train
         if not self.cfg.load_debug_rollout_data:
             metrics.update(self.publisher.after_step(step))  # 4
+            if self.c.adapter_check is not None and self.publisher.held == step:
+                self.c.adapter_check(batch, step)
         metrics["perf/step_time"] = time.monotonic() - t_step
         self.log.log_samples(step, sample_records(batch, self.cfg.log_samples_per_step))
         with (self.run_dir / TRAINED_LOG).open("a") as fh:

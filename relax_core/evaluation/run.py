@@ -105,6 +105,8 @@ def resolve_target(target: str, checkpoint: str | None, schemas: dict) -> Target
       (``N`` with or without zero padding) of its checkpoint directory;
     - a checkpoint directory (holds ``trainer_state.json``) of a run: its trained weights
       (``backend/actor.safetensors``, the torch backend's) over the run's model;
+    - of a LoRA run (``--lora-rank``), only ``final/merged/`` (``--save-hf-merged``): its
+      ``final/`` and checkpoints hold the adapter, refused;
     - a Hugging Face model directory, or a model name (the embedded default or a hub name).
 
     Args:
@@ -124,6 +126,12 @@ def resolve_target(target: str, checkpoint: str | None, schemas: dict) -> Target
         cfg = _config(path, None, schemas)
         root = checkpoint_dir(cfg, path)
         saved = ", ".join(p.name for p in complete_checkpoints(root)) or "none"
+        if checkpoint is None and cfg.lora_rank:  # final/ holds the adapter (PEFT format)
+            merged = path / "final" / "merged"
+            if not (merged / "config.json").is_file():
+                raise BadInput(f"{path} is a LoRA run: its final/ holds the adapter, which relax eval cannot load yet; "
+                               "evaluate final/merged/, written by a run with --save-hf-merged")
+            return Target(str(merged), None, path, _config(path, str(merged), schemas), f"{path.name}/final/merged")
         if checkpoint is None:
             if not (path / "final" / "config.json").is_file():
                 raise BadInput(f"{path} has no final/ model (the run stopped early, or ran with --no-save-hf); "
@@ -142,11 +150,14 @@ def resolve_target(target: str, checkpoint: str | None, schemas: dict) -> Target
         if run_dir is None:
             raise BadInput(f"{path}: a checkpoint outside a run directory (no run_info.json above it), so the model "
                            "it was trained from is unknown; evaluate the run directory with --checkpoint")
+        cfg = _config(run_dir, None, schemas)
+        if cfg.lora_rank:
+            raise BadInput(f"{path}: a LoRA checkpoint holds the adapter only, which relax eval cannot load yet; "
+                           "evaluate final/merged/ of a run with --save-hf-merged")
         weights = path / "backend" / "actor.safetensors"
         if not weights.is_file():
             raise BadInput(f"{path}: no backend/actor.safetensors (only torch-backend checkpoints can be evaluated); "
                            "evaluate the run's final/ instead")
-        cfg = _config(run_dir, None, schemas)
         return Target(cfg.model, weights, run_dir, cfg, f"{run_dir.name}/{path.name}")
     problem = model_problem(target)
     if problem:

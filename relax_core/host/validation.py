@@ -17,6 +17,7 @@ from relax_core.host.capabilities import CAPABILITIES, Context, Selected
 from relax_core.config import DEFAULT_MODEL, RunConfig, check_bounds, config_fields, param_flag, value_problems
 from relax_core.data import GSM8K_SCHEME, data_sources, parse_data
 from relax_core.host.plugins import PluginError, Registry
+from relax_core.run.lora import lora_problems
 
 
 @dataclass(frozen=True)
@@ -232,6 +233,7 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
     cfg = in_range(cfg)  # the checks below assume values in range (a batch size 0 divides by 0)
     problems += _batch_problems(cfg)
     problems += _run_problems(cfg)
+    problems += [Problem("config", flag, msg, fix) for flag, msg, fix in lora_problems(cfg)]
     problems += _data_problems(cfg, reg)
     specs: dict[str, Any] = {}
     est, specs["estimator"] = _select(reg, "estimator", cfg.advantage_estimator, cfg, problems)

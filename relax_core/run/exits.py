@@ -11,5 +11,7 @@ EXIT_SKIPPED = 3
 EXIT_WORKER_DIED = 4
 #: a checkpoint could not be written; the previous complete one is intact
 EXIT_CHECKPOINT_FAILED = 5
+#: the LoRA adapter did not reach the rollout engine (its log-probs stayed the base model's)
+EXIT_ADAPTER_NOT_REACHED = 6
 #: interrupted by Ctrl-C (first: checkpoint saved; second: aborted)
 EXIT_INTERRUPTED = 130

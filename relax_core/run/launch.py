@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relax_core.run.exits import EXIT_BAD_INPUT, EXIT_CHECKPOINT_FAILED, EXIT_INTERRUPTED, EXIT_WORKER_DIED
+from relax_core.run.exits import (EXIT_ADAPTER_NOT_REACHED, EXIT_BAD_INPUT, EXIT_CHECKPOINT_FAILED, EXIT_INTERRUPTED,
+                                   EXIT_WORKER_DIED)
+from relax_core.run.lora import AdapterCheck, AdapterNotReached
 
 
 class BadInput(ValueError):
@@ -253,6 +255,9 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
         for p in e.problems:
             _error(p)
         return EXIT_BAD_INPUT
+    except AdapterNotReached as e:
+        print(f"relax: error: {e}", file=sys.stderr)
+        return EXIT_ADAPTER_NOT_REACHED
     except ckpt.CheckpointError as e:
         print(f"relax: error: {e}; free space or fix the directory, then continue with --resume", file=sys.stderr)
         return EXIT_CHECKPOINT_FAILED
@@ -314,6 +319,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
     routed = "routed_experts" in rollout_fields
     critic_settings = getattr(estimator, "critic_settings", None) if est_caps.needs_critic else None
 
+    needs_ref = cfg.needs_reference_model or cfg.lora_rank > 0  # LoRA: the adapter check reads the base model
     runtime = None
     if cfg.launcher == "ray":  # engines and training ranks as Ray actors (relax_core.distributed)
         display.phase(f"starting Ray: rollout engines and training workers load {cfg.model}")
@@ -322,7 +328,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
 
         runtime = start_ray(cfg, config_dict, corrections=[c.name for c in ctx.corrections],
                             tokenizer=load_tokenizer(cfg.model),
-                            setup={"needs_ref": cfg.needs_reference_model, "needs_critic": est_caps.needs_critic,
+                            setup={"needs_ref": needs_ref, "needs_critic": est_caps.needs_critic,
                                    "needs_top_k": top_k > 0, "routing_replay": routed})
         engine, backend = runtime.engine, runtime.backend
     else:
@@ -330,7 +336,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
         engine = build("engine", cfg.rollout_engine)
         display.phase(f"loading the model {cfg.model} into the training backend ({cfg.train_backend})")
         backend = build("backend", cfg.train_backend)
-        backend.setup(needs_ref=cfg.needs_reference_model, needs_critic=est_caps.needs_critic,
+        backend.setup(needs_ref=needs_ref, needs_critic=est_caps.needs_critic,
                       needs_top_k=top_k > 0, routing_replay=routed, critic_settings=critic_settings)
 
     comps = Components(
@@ -339,7 +345,8 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
         needs_critic=est_caps.needs_critic,
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
         rollout_fields=rollout_fields, top_k=top_k,
-        num_critic_only_steps=critic_settings.num_critic_only_steps if critic_settings else 0)
+        num_critic_only_steps=critic_settings.num_critic_only_steps if critic_settings else 0,
+        adapter_check=AdapterCheck(engine, backend, cfg, display.message) if cfg.lora_rank else None)
     trainer = build_trainer(cfg, comps, train_data, eval_data, run_dir, est_caps.behaviour_numerator, config_dict)
     info = {
         "relax_core": __import__("relax_core").__version__, "plugins": plugin_versions(reg),

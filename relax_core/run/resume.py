@@ -45,6 +45,9 @@ REFUSED_ON_RESUME = {
     "seed": "the data order and the sampling seeds of every step derive from it",
     "bf16": "the optimizer state was built for the saved precision",
     "weight_decay": "it lives in the optimizer state restored from the checkpoint",
+    "lora_rank": "the checkpoint holds adapters of the saved rank (or all the weights, without LoRA)",
+    "lora_alpha": "the adapters' scale α/r is part of the saved weights",
+    "lora_target_modules": "the checkpoint holds adapters of the saved modules",
 }
 #: Plugin parameters of the training backend a resume refuses to change (restored optimizer state).
 REFUSED_BACKEND_PARAMS = ("adam_beta1", "adam_beta2", "adam_eps")

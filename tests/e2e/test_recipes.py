@@ -61,3 +61,11 @@ def test_dry_run_through_the_cli():
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)  # the notes go to stderr
     assert out["valid"] and out["config"]["advantage_estimator"] == "grpo"
+
+
+def test_lora_recipe_is_valid_and_trains_adapters():
+    cfg, reg = _cfg("grpo-lora")
+    _, problems = resolve(cfg, reg)
+    assert not problems, "\n".join(map(str, problems))
+    assert (cfg.advantage_estimator, cfg.lora_rank, cfg.lora_alpha, cfg.lr) == ("grpo", 16, 32.0, 3e-4)
+    assert cfg.use_kl_loss and cfg.params_for("grpo").eps_clip == 0.2

@@ -28,7 +28,13 @@ optimizer step (:mod:`relax_core.stages.optimizer`: non-finite skipping, ``--cli
 ``--adam-beta2``, ``--adam-eps``).  ``--bf16``: bfloat16 autocast
 with float32 master weights and a float32 log-softmax.  ``--gradient-checkpointing``:
 transformers' activation recomputation.  Dropout is disabled in every model (the old,
-rollout and training forwards must be the same function).
+rollout and training forwards must be the same function), except ``--lora-dropout``.
+
+LoRA (``--lora-rank > 0``, :mod:`relax_torch.lora`): the actor carries peft's adapters and
+AdamW optimises only them; the ``ref`` role is the actor with the adapter disabled (no
+second model); :meth:`TorchBackend.engine_state_dict` gives the merged weights under the
+base model's names; checkpoints hold the adapter and its AdamW state; :meth:`save_hf`
+writes the adapter in PEFT format (and the merged model with ``--save-hf-merged``).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from relax_core.contracts import ForwardOutput, Gradients
 from relax_core.models import load_model, load_state_dict_, load_tokenizer
 from relax_core.stages.optimizer import step_torch_optimizer
 from relax_torch.logprobs import token_log_probs
+from relax_torch.lora import adapter_state_dict, add_adapter, load_adapter_state_dict_, merged_state_dict
 from relax_torch.shared_prefix import EXACT_ATTENTION, build_layout, group_of, packed_tokens
 
 ROLES = ("actor", "ref", "critic")
@@ -80,7 +87,8 @@ class Critic(nn.Module):
 
 class TorchBackend:
     """See the module docstring.  Roles: ``actor`` (trained), ``ref`` (frozen, built by
-    :meth:`setup`), ``critic`` (trained, built by :meth:`setup`).
+    :meth:`setup`; with LoRA the actor with its adapter disabled), ``critic`` (trained,
+    built by :meth:`setup`; with LoRA, too, all its weights are trained).
 
     Attributes:
         tokenizer: the model's tokenizer (pad id, ``save_hf``).
@@ -99,6 +107,7 @@ class TorchBackend:
         self.tokenizer = load_tokenizer(config.model)
         self.pad_token_id = self.tokenizer.pad_token_id
         actor = self._load(config.model)
+        self.peft = add_adapter(actor, config) if config.lora_rank else None  # peft.PeftModel around actor
         if config.gradient_checkpointing:
             actor.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.models: dict[str, nn.Module] = {"actor": actor}
@@ -154,7 +163,8 @@ class TorchBackend:
 
         Args:
             needs_ref: build the frozen reference model from ``--ref-load`` or, by default,
-                from ``--model`` (the initial weights, whatever the actor has become).
+                from ``--model`` (the initial weights, whatever the actor has become); with
+                LoRA, the actor itself, whose forwards as ``ref`` disable the adapter.
             needs_critic: build the critic: ``critic_settings.load`` (a model directory,
                 optionally with ``value_head.safetensors``) or a copy of the initial
                 backbone with a zero value head (its learning rate, ``critic_settings.lr``,
@@ -169,7 +179,9 @@ class TorchBackend:
         if self.shared_prefix and routing_replay:
             raise ValueError("--shared-prefix cannot replay routed experts (routes are recorded per sample at "
                              "plain-layout positions); turn one of them off")
-        if needs_ref and "ref" not in self.models:
+        if needs_ref and self.peft is not None:
+            self.models["ref"] = self.models["actor"]
+        elif needs_ref and "ref" not in self.models:
             ref = self._load(self.cfg.ref_load or self.cfg.model)
             ref.requires_grad_(False)
             self.models["ref"] = ref
@@ -353,7 +365,8 @@ class TorchBackend:
         model = self._model(role)
         model.eval()
         outs = []
-        with torch.no_grad():
+        base = self.peft.disable_adapter() if role == "ref" and self.peft is not None else contextlib.nullcontext()
+        with torch.no_grad(), base:
             for lo, hi in self.micro_batches(batch):
                 mb = batch.slice(lo, hi)
                 inputs = self._inputs(mb)
@@ -470,21 +483,28 @@ class TorchBackend:
     # ------------------------------------------------------------------ weights and checkpoints
     def engine_state_dict(self) -> dict[str, Tensor]:
         """The actor's weights with Hugging Face names (detached views of the live
-        parameters: copy them before the next optimizer step if you keep them)."""
+        parameters: copy them before the next optimizer step if you keep them); with LoRA
+        the merged weights under the base model's names (:func:`relax_torch.lora.merged_state_dict`)."""
+        if self.peft is not None:
+            return merged_state_dict(self.models["actor"])
         return {k: v.detach() for k, v in self.models["actor"].state_dict().items()}
 
     def save_checkpoint(self, path: str, include_optimizer: bool = True) -> None:
         """Write ``path/`` with, per trained role, ``<role>.safetensors`` (weights),
         ``<role>_optim.safetensors`` (AdamW moments and step counts; not with
         ``include_optimizer=False``) and ``backend_state.json`` (optimizer
-        hyper-parameters, step counts)."""
+        hyper-parameters, step counts).  With LoRA ``actor.safetensors`` holds the adapter
+        only (the base weights are ``--model``'s)."""
         from safetensors.torch import save_file, save_model
 
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         state: dict[str, Any] = {"format": 1, "steps": self.steps, "param_groups": {}}
         for role, opt in self.optimizers.items():
-            save_model(self.models[role], str(out / f"{role}.safetensors"))
+            if role == "actor" and self.peft is not None:
+                save_file(adapter_state_dict(self.models[role]), str(out / f"{role}.safetensors"))
+            else:
+                save_model(self.models[role], str(out / f"{role}.safetensors"))
             if not include_optimizer:
                 continue
             sd = opt.state_dict()
@@ -509,7 +529,10 @@ class TorchBackend:
         if set(state["steps"]) != set(self.optimizers):
             raise KeyError(f"checkpoint roles {sorted(state['steps'])} != this run's trained roles {sorted(self.optimizers)}")
         for role, opt in self.optimizers.items():
-            load_model(self.models[role], str(src / f"{role}.safetensors"), device=str(self.device))
+            if role == "actor" and self.peft is not None:
+                load_adapter_state_dict_(self.models[role], load_file(str(src / f"{role}.safetensors"), device=str(self.device)))
+            else:
+                load_model(self.models[role], str(src / f"{role}.safetensors"), device=str(self.device))
             self.steps[role] = int(state["steps"][role])
             if role not in state["param_groups"]:  # saved without optimizer state
                 continue
@@ -523,10 +546,23 @@ class TorchBackend:
     def save_hf(self, path: str) -> None:
         """Save the actor as a Hugging Face directory (loadable by
         ``AutoModelForCausalLM.from_pretrained``), with the tokenizer; the critic, if
-        any, goes to ``path/critic`` (backbone + ``value_head.safetensors``)."""
+        any, goes to ``path/critic`` (backbone + ``value_head.safetensors``).
+
+        With LoRA ``path`` holds the adapter in PEFT format (``adapter_config.json``,
+        ``adapter_model.safetensors``: ``peft.PeftModel.from_pretrained(base, path)``, or
+        ``AutoModelForCausalLM.from_pretrained(path)`` with peft installed), and with
+        ``--save-hf-merged`` ``path/merged`` the merged model (the weights the engine gets)."""
         from safetensors.torch import save_file
 
-        self.models["actor"].save_pretrained(path)
+        if self.peft is not None:
+            self.peft.save_pretrained(path)
+            if self.cfg.save_hf_merged:
+                merged = load_model(self.cfg.model, dtype=self.dtype)
+                load_state_dict_(merged, merged_state_dict(self.models["actor"]))
+                merged.save_pretrained(Path(path) / "merged")
+                self.tokenizer.save_pretrained(Path(path) / "merged")
+        else:
+            self.models["actor"].save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         if "critic" in self.models:
             critic = self.models["critic"]

@@ -26,8 +26,8 @@ def relax_register_train_backends():
     return [BackendSpec(
         name="torch",
         summary="Plain PyTorch: actor, frozen reference and critic; AdamW, micro-batches, gradient accumulation, "
-                "data parallel over torch.distributed.",
-        source="AdamW: Loshchilov & Hutter 2019; PPO actor/critic: Schulman et al. 2017",
+                "data parallel over torch.distributed; LoRA adapters (peft).",
+        source="AdamW: Loshchilov & Hutter 2019; PPO actor/critic: Schulman et al. 2017; LoRA: Hu et al. 2021, arXiv 2106.09685",
         factory="relax_torch.backend:build",
         params=TorchBackendParams,
         capabilities=BackendCapabilities(
@@ -39,5 +39,6 @@ def relax_register_train_backends():
             supports_token_budget=True,
             supports_gradient_checkpointing=True,
             supports_shared_prefix=True,
+            supports_lora=True,
         ),
     )]

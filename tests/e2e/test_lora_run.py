@@ -1,0 +1,66 @@
+"""LoRA end to end on the tiny model (hf engine, torch backend): GRPO from its recipe, with a
+KL term whose reference is the adapter-disabled model, trains two steps with adapter-only,
+small checkpoints and writes the PEFT and merged exports; a resume is exact; and a weight
+push broken on purpose stops the run (the adapter-reached-the-engine check).  The other
+estimators differ from GRPO only in the loss on the backend's log-probs, which LoRA does not
+touch (a critic beside an adapted actor: plugins/backends/torch/tests/test_lora.py)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+from conftest import ROOT, run_train, tiny_args
+from safetensors.torch import load_file
+
+from relax_core.run.exits import EXIT_ADAPTER_NOT_REACHED
+from relax_core.reporting.metrics import read_metrics
+
+LORA = ("--lora-rank", "4", "--lora-alpha", "8")
+
+
+def test_grpo_trains_an_adapter_with_a_kl_reference_from_the_base_model(tiny_model_dir, prompts_file, tmp_path):
+    recipe = ROOT / "examples" / "recipes" / "grpo.yaml"
+    code, out = run_train(["--config", str(recipe), *tiny_args(tiny_model_dir, prompts_file, tmp_path), *LORA,
+                           "--use-kl-loss", "--kl-loss-coef", "0.01", "--save-hf-merged"])
+    assert code == 0, out
+    run = tmp_path / "run"
+    recs = read_metrics(run)
+    assert [r["step"] for r in recs] == [1, 2]
+    assert all(math.isfinite(r["train/loss"]) and r["train/skipped_steps"] == 0.0 for r in recs), recs
+    assert "LoRA: the engine holds the adapted weights (step 1" in out
+    ckpt = run / "checkpoints" / "step_000002" / "backend" / "actor.safetensors"
+    actor = load_file(str(ckpt))
+    assert actor and all(".lora_A." in k or ".lora_B." in k for k in actor)
+    assert ckpt.stat().st_size < 0.01 * (tiny_model_dir / "model.safetensors").stat().st_size
+    assert recs[0]["train/kl_loss"] == pytest.approx(0.0, abs=1e-7)  # B = 0: the adapted model is the base
+    assert recs[1]["train/kl_loss"] != 0.0
+    assert (run / "final" / "adapter_config.json").is_file() and (run / "final" / "merged" / "config.json").is_file()
+
+
+def test_resume_of_a_lora_run_equals_the_uninterrupted_run(tiny_model_dir, prompts_file, tmp_path):
+    args = lambda out: tiny_args(tiny_model_dir, prompts_file, out, *LORA, "--num-rollout", "2",  # noqa: E731
+                                 "--save-interval", "1", "--lr", "1e-2", "--no-save-hf")
+    code, out = run_train(args(tmp_path / "a"))
+    assert code == 0, out
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "run" / "checkpoints" / "step_000002")  # as if killed during step 2
+    code, out = run_train([*args(tmp_path / "b"), "--resume"])
+    assert code == 0, out
+    assert "resumed from step 1" in out
+    strip = lambda recs: [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in recs]  # noqa: E731
+    assert strip(read_metrics(tmp_path / "b" / "run")) == strip(read_metrics(tmp_path / "a" / "run"))
+    final = lambda d: load_file(str(tmp_path / d / "run" / "checkpoints" / "step_000002" / "backend" /  # noqa: E731
+                                    "actor.safetensors"))
+    a, b = final("a"), final("b")
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+
+
+def test_a_push_that_never_reaches_the_engine_stops_the_run(tiny_model_dir, prompts_file, tmp_path, monkeypatch):
+    from relax_hf.engine import HFEngine
+
+    monkeypatch.setattr(HFEngine, "update_weights", lambda self, state_dict, version: None)
+    code, out = run_train(tiny_args(tiny_model_dir, prompts_file, tmp_path, *LORA, "--no-save-hf"))
+    assert code == EXIT_ADAPTER_NOT_REACHED, out
+    assert "the LoRA adapter did not reach the rollout engine 'hf': after the weight push of step 1" in out
