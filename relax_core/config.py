@@ -55,6 +55,7 @@ class RunConfig:
     reward_processor: tuple[str, ...] = opt((), "Reward post-processor (repeatable), applied in the order given.", repeat=True, group="components")
     rollout_engine: str = opt("hf", "Rollout engine (plugin name).", group="components")
     train_backend: str = opt("torch", "Training backend (plugin name).", group="components")
+    sampler: str = opt("uniform", "Prompt sampler (plugin name): which training rows each step's prompts are (docs/guide/sampling.md).", group="components")
     custom_rm_path: str | None = opt(None, "Custom scorer 'pkg.module:fn' (runs with your rights; lighter than a plugin).", group="components")
 
     # ---- model and data

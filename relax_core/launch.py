@@ -263,6 +263,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
     estimator = build("estimator", cfg.advantage_estimator)
     corrections = [build(f"correction:{c.name}", c.name) for c in ctx.corrections]
     processors = build_processors(cfg, reg)
+    sampler = build("sampler", cfg.sampler)(len(train_data), cfg.seed)
     est_caps = ctx.estimator.caps
     corr_caps = [c.caps for c in ctx.corrections]
     rollout_fields = frozenset(f for caps in (est_caps, *corr_caps) for f in caps.requires_fields
@@ -294,7 +295,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
 
     comps = Components(
         engine=engine, backend=backend, estimator=estimator, corrections=corrections, processors=processors,
-        score=RewardWatch(make_score(scorer, cfg), scorer, notify=display.message),
+        score=RewardWatch(make_score(scorer, cfg), scorer, notify=display.message), sampler=sampler,
         needs_critic=est_caps.needs_critic,
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
         rollout_fields=rollout_fields, top_k=top_k,

@@ -305,6 +305,16 @@ class RewardProcessorCapabilities:
     """Drops groups and asks the loop to sample more (dynamic sampling)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class SamplerCapabilities:
+    """What a prompt sampler needs of the run."""
+
+    needs_stable_prompt_ids: bool = False
+    """Keeps per-prompt statistics keyed by the dataset index (``prompt_index``), so an index
+    must name the same prompt for the whole run, resumes included: refused with
+    ``--resume-allow-data-change`` (after a data change the indices name other rows)."""
+
+
 # --------------------------------------------------------------------------- specs
 
 
@@ -438,6 +448,19 @@ class DataSourceSpec(ComponentSpec):
     scheme: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class SamplerSpec(ComponentSpec):
+    """A prompt sampler (``--sampler``): which dataset rows each step's prompts are.
+
+    The factory returns ``fn(num_rows: int, seed: int) -> Sampler``
+    (:class:`relax_core.sampling.Sampler`: ``take``, ``observe``, ``metrics``, ``state``,
+    ``load``), called once per run with the training set's size and ``--seed``.
+    """
+
+    kind: ClassVar[str] = "sampler"
+    capabilities_type: ClassVar[type] = SamplerCapabilities
+
+
 @dataclass(frozen=True)
 class Kind:
     """One kind of component: the one place that names it.  The hooks, the plugin loader,
@@ -470,6 +493,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("reward_processor", RewardProcessorSpec, "relax_register_reward_processors", "Reward post-processors",
          "reward-processors"),
     Kind("reward", RewardScorerSpec, "relax_register_reward_scorers", "Reward scorers", "rewards"),
+    Kind("sampler", SamplerSpec, "relax_register_samplers", "Samplers", "samplers"),
     Kind("data_source", DataSourceSpec, "relax_register_data_sources", "Data sources", "data-sources", scaffold=False),
 )
 KIND: dict[str, Kind] = {k.name: k for k in KINDS}

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fakes import count_sevens, make_fakes  # noqa: E402
 
 from relax_core.config import RunConfig  # noqa: E402
-from relax_core.data import load_dataset  # noqa: E402
+from relax_core.data import DataCursor, load_dataset  # noqa: E402
 from relax_core.metrics import read_metrics  # noqa: E402
 from relax_core.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED  # noqa: E402
 from relax_core.trainer import OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, Components, Trainer, build_trainer  # noqa: E402
@@ -39,11 +39,12 @@ def make_trainer(tmp: Path, fakes=None, **over) -> tuple[Trainer, object]:
     cfg = RunConfig(**kw)
     fakes = fakes or make_fakes(seed=0)
     est = grpo.build(GRPOParams(), cfg)
+    data = load_dataset(cfg.data, cfg)
     comps = Components(engine=fakes.engine, backend=fakes.backend, estimator=est, corrections=[], processors=[],
-                       score=count_sevens)
+                       score=count_sevens, sampler=DataCursor(len(data), cfg.seed))
     run_dir = tmp / "runs" / "r"
     run_dir.mkdir(parents=True, exist_ok=True)
-    return build_trainer(cfg, comps, load_dataset(cfg.data, cfg), None, run_dir, "ppo_clip", {}), fakes
+    return build_trainer(cfg, comps, data, None, run_dir, "ppo_clip", {}), fakes
 
 
 def test_one_run_writes_metrics_samples_checkpoint_and_final_model(tmp_path):
