@@ -57,6 +57,7 @@ def _resume(out, *extra):
     ("--seed", "4", "3"),
     ("--bf16", None, "False"),
     ("--train-backend", "megatron", "'torch'"),
+    ("--sampler", "difficulty", "'uniform'"),
 ])
 def test_a_setting_the_checkpoint_cannot_honour_is_refused_before_any_model(saved_run, flag, value, saved):
     out, reached = saved_run
