@@ -536,10 +536,12 @@ def apply_processors(processors: Sequence[Any], batch: RewardBatch) -> RewardBat
     """Apply reward post-processors in order (``--reward-processor``, repeatable).
 
     Each ``process(RewardBatch) -> RewardBatch`` must keep the batch size ``B``: rewards
-    float ``[B]`` (NaN = unscored), ``keep`` bool ``[B]``.
+    float ``[B]`` (NaN = unscored), ``keep`` bool ``[B]``, and leave ``raw_rewards`` (the
+    scorer's) as it found them.
 
     Raises:
-        TypeError / ValueError: a processor returned something else, naming it.
+        TypeError / ValueError: a processor returned something else, or changed
+            ``raw_rewards``, naming it.
     """
     import torch
 
@@ -555,5 +557,11 @@ def apply_processors(processors: Sequence[Any], batch: RewardBatch) -> RewardBat
         if not out.rewards.is_floating_point() or out.keep.dtype != torch.bool:
             raise TypeError(f"reward processor {name} returned rewards {out.rewards.dtype} / keep "
                             f"{out.keep.dtype}; expected a float tensor and a bool tensor")
+        if out.raw_rewards is not batch.raw_rewards and not (
+                out.raw_rewards.shape == batch.raw_rewards.shape
+                and torch.equal(out.raw_rewards.isnan(), batch.raw_rewards.isnan())
+                and torch.equal(out.raw_rewards.nan_to_num(), batch.raw_rewards.nan_to_num())):
+            raise ValueError(f"reward processor {name} changed raw_rewards (the scorer's rewards, read-only): "
+                             "change rewards instead")
         batch = out
     return batch

@@ -269,7 +269,7 @@ class Rollout:
 
     def post_process(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Run the post-processors in order; drop the samples they do not keep."""
-        rb = RewardBatch(rewards=batch.rewards.clone(), group_index=batch.group_index,
+        rb = RewardBatch(rewards=batch.rewards.clone(), raw_rewards=batch.rewards.clone(), group_index=batch.group_index,
                          response_lengths=batch.response_lengths, truncated=batch.truncated,
                          responses=batch.responses, keep=torch.ones(batch.size, dtype=torch.bool))
         rb = apply_processors(self.c.processors, rb)
