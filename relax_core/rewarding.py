@@ -3,11 +3,12 @@
     responses ──► score_batch(scorer, ...) ──► rewards [B] (None = unscored)
               ──► apply_processors(processors, RewardBatch) ──► rewards, keep ──► estimator
 
-**Scorer resolution** (:func:`resolve_scorer`): ``--custom-rm-path pkg.module:fn`` uses that
+**Scorer resolution** (:func:`resolve_scorers`): ``--custom-rm-path pkg.module:fn`` uses that
 function for every sample; ``--reward NAME`` uses the registered scorer ``NAME``; ``--reward
 auto`` (the default) uses, for each sample, the scorer its data row names in
 ``metadata["scorer"]`` (the ``rg:`` source writes ``reasoning_gym``, GSM8K rows ``gsm8k``),
-else ``math``.
+else ``math``.  ``--reward`` repeated gives one :class:`Scorer` per name, combined with
+``--reward-weights`` (:mod:`relax_core.reward_mix`).
 
 ``--custom-rm-path`` imports and runs your code with your own rights (the same as running a
 Python script you wrote): it is the lighter alternative to writing a reward plugin, for quick
@@ -194,10 +195,10 @@ class Scorer:
         return self.resolve(metadata)(response, label, metadata or {})
 
 
-def resolve_scorer(cfg: Any, registry: Any = None) -> Scorer:
-    """The scorer of a run from ``--reward``, ``--custom-rm-path`` and the installed reward
-    scorers.  Builds the fixed scorer once here so that a setup error (missing
-    ``--rm-url``, bad custom path) stops the run before any model loads.
+def resolve_scorers(cfg: Any, registry: Any = None) -> list[Scorer]:
+    """The scorers of a run, one per ``--reward`` in order (one for ``--custom-rm-path``),
+    from the installed reward scorers.  Builds each fixed scorer once here so that a setup
+    error (missing ``--rm-url``, bad custom path) stops the run before any model loads.
 
     Raises:
         RewardSetupError: ``--reward NAME`` together with ``--custom-rm-path``, an unknown
@@ -208,12 +209,13 @@ def resolve_scorer(cfg: Any, registry: Any = None) -> Scorer:
 
         registry = default_registry()
     specs = {name: reg.spec for name, reg in registry.components["reward"].items()}
-    if cfg.custom_rm_path and cfg.reward != "auto":
-        raise RewardSetupError(f"--reward {cfg.reward} and --custom-rm-path {cfg.custom_rm_path} "
+    if cfg.custom_rm_path and tuple(cfg.reward) != ("auto",):
+        raise RewardSetupError(f"--reward {' --reward '.join(cfg.reward)} and --custom-rm-path {cfg.custom_rm_path} "
                                "both choose the scorer: give only one")
-    scorer = Scorer(specs, reward=cfg.reward, custom_rm_path=cfg.custom_rm_path, config=cfg)
-    scorer.check([{}])  # builds the custom, the fixed, or the default scorer
-    return scorer
+    scorers = [Scorer(specs, reward=name, custom_rm_path=cfg.custom_rm_path, config=cfg) for name in cfg.reward]
+    for scorer in scorers:
+        scorer.check([{}])  # builds the custom, the fixed, or the default scorer
+    return scorers
 
 
 def build_processors(cfg: Any, registry: Any = None) -> list[Any]:
@@ -487,7 +489,7 @@ def score_batch(scorer: Any, responses: Sequence[str], labels: Sequence[Any],
     """Score a batch: one reward per sample, in order.
 
     Args:
-        scorer: a :class:`Scorer` (from :func:`resolve_scorer`) or a picklable callable
+        scorer: a :class:`Scorer` (from :func:`resolve_scorers`) or a picklable callable
             ``(response, label, metadata) -> float | None``.
         responses / labels / metadata: per-sample, length ``B`` each.
         prompts: optional prompt texts (length ``B``), given to the scorers as

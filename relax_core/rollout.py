@@ -46,6 +46,7 @@ from relax_core.contracts import RewardBatch, SamplingParams
 from relax_core.data import Dataset, encode_prompts
 from relax_core.evaluation import sample_metrics
 from relax_core.numerics import ZERO_STD_TOL, group_stats
+from relax_core.reward_mix import step_metrics
 from relax_core.rewarding import apply_processors, mean_over_rounds
 from relax_core.sampling import PromptResults
 
@@ -287,6 +288,7 @@ class Rollout:
         metrics: dict[str, float] = {"rollout/reward_errors": 0.0, "rollout/reward_timeouts": 0.0}
         n_groups, gen_tokens, t_gen = 0, 0, 0.0
         proc_rounds: list[dict[str, float]] = []
+        score_rounds: list[dict[str, float]] = []
         for r in range(rounds):
             t0 = time.monotonic()
             if cfg.load_debug_rollout_data:
@@ -306,8 +308,7 @@ class Rollout:
                 t0 = time.monotonic()
                 batch, score_metrics = self.score(batch)
                 metrics["perf/reward_time"] = metrics.get("perf/reward_time", 0.0) + time.monotonic() - t0
-                for k, v in score_metrics.items():
-                    metrics[k] = metrics.get(k, 0.0) + v
+                score_rounds.append(score_metrics)
                 self.sampler.observe(PromptResults(batch.prompt_index, batch.rewards, batch.group_index))
             if cfg.save_debug_rollout_data and r == 0:
                 batch.save(replay_path(cfg.save_debug_rollout_data, step))
@@ -318,6 +319,7 @@ class Rollout:
             n_groups += int(torch.unique(batch.group_index).numel()) if batch.size else 0
             if n_groups >= cfg.rollout_batch_size or cfg.load_debug_rollout_data:
                 break
+        metrics.update(step_metrics(score_rounds) if score_rounds else {})
         metrics.update(mean_over_rounds(proc_rounds))  # the whole step, not its last round
         batch = Batch.concat([b for b in kept if b.size] or kept[:1], self.tokenizer.pad_token_id or 0)
         if n_groups > cfg.rollout_batch_size:  # keep the first rollout_batch_size groups

@@ -66,3 +66,12 @@ def build_needs_url(params, config):
 def echo_prompt(response, label, metadata):
     """1 if the prompt the scorer sees is the label."""
     return float(metadata.get("prompt") == label)
+
+
+def length(response, label, metadata):
+    """The response's length in characters; unscored (None) when it is empty."""
+    return float(len(response)) if response else None
+
+
+def build_length(params, config):
+    return length

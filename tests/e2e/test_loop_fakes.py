@@ -336,7 +336,7 @@ def test_make_score_gives_the_prompt_to_scorers_as_metadata(tmp_path):
     from relax_core.launch import make_score
 
     cfg = RunConfig(reward_timeout=30, reward_num_workers=1)
-    rewards, metrics = make_score(prompt_length, cfg)(["a", "b"], [None, None], [{}, None], ["four", "sixsix"])
+    rewards, metrics = make_score([prompt_length], cfg)(["a", "b"], [None, None], [{}, None], ["four", "sixsix"])
     assert rewards == [4.0, 6.0]
     assert metrics == {"rollout/reward_errors": 0.0, "rollout/reward_timeouts": 0.0}
 

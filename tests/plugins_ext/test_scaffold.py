@@ -66,7 +66,8 @@ def test_dry_run_selects_it(scaffolded, kind):
     elif kind == "reward_processor":
         assert out["reward_processors"] == [{"name": name, "origin": origin}]
     else:
-        assert out["config"]["reward"] == name
+        assert out["config"]["reward"] == [name]
+        assert out["components"]["reward"] == [{"name": name, "origin": origin}]
     if kind == "estimator":
         assert out["config"]["plugin_params"][name] == {"baseline_scale": 1.0}
 
