@@ -17,7 +17,11 @@ experiments.  It is only imported when you pass the flag.
 **Safe scoring** (:func:`score_batch`): one reward per sample, in order, whatever happens.
 A scorer call that raises, returns something other than a finite number or ``None``, kills
 its worker, or runs past ``--reward-timeout`` seconds gives ``None`` for that sample and is
-counted (``reward_errors`` / ``reward_timeouts``); the run goes on.
+counted (``reward_errors`` / ``reward_timeouts``); the run goes on.  A *batched* scorer
+(``RewardScorerSpec.batched``) gets all the samples of a batch that it scores in one call,
+in one worker, with ``--reward-timeout`` for the whole call: a call that raises, times out,
+kills its worker or returns a list of another length fails each of its samples (each
+counted); a value that is not a finite number or ``None`` fails its own sample only.
 
 Why processes, not threads.  Scorers run in a pool of ``--reward-num-workers`` worker
 *processes* (``spawn``), each taking one sample at a time:
@@ -247,13 +251,30 @@ def _as_reward(value: Any) -> float | None:
     raise TypeError(f"scorer returned {value!r} ({type(value).__name__}); expected a float or None")
 
 
+def _batch_rewards(values: Any, n: int) -> list[tuple[float | None, str | None]]:
+    """A batched scorer's return value as ``(reward, None)`` / ``(None, error)`` per sample.
+    Raises ``TypeError`` when it is not a list of ``n`` values."""
+    if not isinstance(values, (list, tuple)) or len(values) != n:
+        got = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
+        raise TypeError(f"batched scorer returned {got} for {n} samples; expected a list of {n} floats or None")
+    out: list[tuple[float | None, str | None]] = []
+    for v in values:
+        try:
+            out.append((_as_reward(v), None))
+        except (TypeError, ValueError) as e:
+            out.append((None, f"{type(e).__name__}: {e}"))
+    return out
+
+
 def _worker_main(conn: Any, payload: bytes) -> None:
     """Worker process: unpickle the scorer, then score one sample per message.
 
-    Messages in: ``(i, response, label, metadata)`` or ``None`` (stop).
-    Messages out: ``("ready",)`` / ``("fatal", text)`` once, then per sample
+    Messages in: ``(i, response, label, metadata)`` or ``None`` (stop); for a batched
+    scorer ``i`` is a tuple of sample indices and the others are lists (one call).
+    Messages out: ``("ready",)`` / ``("fatal", text)`` once, then per task
     ``("start", i)`` (the timed call begins) and ``("done", i, reward)`` or
-    ``("error", i, text)``.
+    ``("error", i, text)``; a batch's reward is a list of ``(reward, None)`` or
+    ``(None, error text)`` pairs, one per sample.
 
     A terminal's Ctrl-C sends SIGINT to the whole foreground process group, workers
     included: a worker ignores it (the parent finishes the step with every sample scored,
@@ -279,13 +300,16 @@ def _worker_main(conn: Any, payload: bytes) -> None:
             return
         i, response, label, metadata = msg
         try:
-            fn = scorer.resolve(metadata) if isinstance(scorer, Scorer) else scorer
+            # a batch's samples share one scorer (ScoringPool._tasks groups them by name)
+            first = metadata[0] if isinstance(i, tuple) else metadata
+            fn = scorer.resolve(first) if isinstance(scorer, Scorer) else scorer
         except Exception as e:  # noqa: BLE001
             conn.send(("error", i, f"building the scorer failed: {type(e).__name__}: {e}"))
             continue
         conn.send(("start", i))
         try:
-            conn.send(("done", i, _as_reward(fn(response, label, metadata))))
+            conn.send(("done", i, _batch_rewards(fn(response, label, metadata), len(i)) if isinstance(i, tuple)
+                       else _as_reward(fn(response, label, metadata))))
         except Exception as e:  # noqa: BLE001
             conn.send(("error", i, f"{type(e).__name__}: {e}"))
 
@@ -299,7 +323,7 @@ class _Worker:
     process: Any
     conn: Any
     ready: bool = False
-    task: int | None = None
+    task: int | tuple[int, ...] | None = None
     deadline: float = math.inf
     started: bool = False
 
@@ -318,6 +342,7 @@ class ScoringPool:
     def __init__(self, scorer: Any, num_workers: int):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self._scorer = scorer
         try:
             self._payload = pickle.dumps(scorer)
         except Exception as e:
@@ -350,6 +375,22 @@ class ScoringPool:
         w.conn.close()
         self._workers[self._workers.index(w)] = self._start()
 
+    def _tasks(self, metadata: Sequence[dict | None]) -> list[int | tuple[int, ...]]:
+        """The calls to make: each sample alone, except that the samples of a batched scorer
+        (``RewardScorerSpec.batched``) make one call, a tuple of their indices."""
+        if not isinstance(self._scorer, Scorer):
+            return list(range(len(metadata)))
+        batches: dict[str, list[int]] = {}
+        out: list[int | tuple[int, ...]] = []
+        for i, m in enumerate(metadata):
+            name = self._scorer.name_for(m)
+            spec = self._scorer.specs.get(name)
+            if getattr(spec, "batched", False):
+                batches.setdefault(name, []).append(i)
+            else:
+                out.append(i)
+        return [tuple(b) for b in batches.values()] + out
+
     def score(self, responses: Sequence[str], labels: Sequence[Any], metadata: Sequence[dict | None],
               timeout: float) -> tuple[list[float | None], dict[str, int]]:
         """Score every sample (see :func:`score_batch`)."""
@@ -360,22 +401,27 @@ class ScoringPool:
         stats = {"reward_errors": 0, "reward_timeouts": 0}
         first_error: list[str] = []
 
-        def fail(i: int, kind: str, text: str) -> None:
-            stats[kind] += 1
-            if not first_error:
-                first_error.append(f"sample {i}: {text}")
+        def fail(task: int | tuple[int, ...], kind: str, text: str) -> None:
+            for i in task if isinstance(task, tuple) else (task,):
+                stats[kind] += 1
+                if not first_error:
+                    first_error.append(f"sample {i}: {text}")
 
         with self._lock:
             if self.closed:
                 raise RewardSetupError("this scoring pool is closed")
-            todo = deque(range(n))
+            todo = deque(self._tasks(metadata))
             while todo or any(w.task is not None for w in self._workers):
                 now = time.monotonic()
                 for w in list(self._workers):
                     while w.ready and w.task is None and todo:
                         i = todo.popleft()
                         try:
-                            w.conn.send((i, responses[i], labels[i], dict(metadata[i] or {})))
+                            if isinstance(i, tuple):  # one call of a batched scorer
+                                w.conn.send((i, [responses[j] for j in i], [labels[j] for j in i],
+                                             [dict(metadata[j] or {}) for j in i]))
+                            else:
+                                w.conn.send((i, responses[i], labels[i], dict(metadata[i] or {})))
                         except (BrokenPipeError, ConnectionResetError):  # died while idle: retry elsewhere
                             todo.appendleft(i)
                             self._replace(w)
@@ -412,7 +458,12 @@ class ScoringPool:
                         w.started, w.deadline = True, time.monotonic() + timeout
                     else:
                         kind, i, value = msg
-                        if kind == "done":
+                        if kind == "done" and isinstance(i, tuple):
+                            for j, (r, err) in zip(i, value):
+                                rewards[j] = r
+                                if err is not None:
+                                    fail(j, "reward_errors", err)
+                        elif kind == "done":
                             rewards[i] = value
                         else:
                             fail(i, "reward_errors", value)

@@ -397,13 +397,20 @@ class CorrectionSpec(ComponentSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class RewardScorerSpec(ComponentSpec):
-    """A scorer: the factory returns ``fn(response: str, label, metadata: dict) -> float | None``.
+    """A scorer: the factory returns ``fn(response: str, label, metadata: dict) -> float | None``,
+    or, when ``batched``, ``fn(responses: list[str], labels: list, metadata: list[dict]) ->
+    list[float | None]`` (one reward per sample, in order).
 
     The function may also have ``extract_answer(response, label, metadata) -> str | None``,
     the answer text it compares (shown when a run's rewards never vary)."""
 
     kind: ClassVar[str] = "reward"
     capabilities_type: ClassVar[type | None] = None
+    batched: bool = False
+    """The factory's function scores a whole batch in one call (a reward model: one forward
+    for many responses) instead of one sample per call; the reward workers give it every
+    sample it scores in a batch, with ``--reward-timeout`` for the whole call
+    (:func:`relax_core.rewarding.score_batch`)."""
     self_check: bool = True
     """Whether scoring a label as the response is cheap and local, so that ``relax train``
     (and ``--dry-run``) can check that a correct answer scores before any model loads

@@ -274,7 +274,7 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
             msg = cap.check(ctx, sel.caps)
             if msg:
                 problems.append(Problem(sel.label, cap.field, f"{sel.name} {msg}", cap.fix))
-    for sel in [s for s in (est, engine, backend, sampler) if s] + corrections + processors:
+    for sel in [s for s in (est, engine, backend, sampler) if s] + corrections + processors + rewards:
         # a parameter schema may define problems() -> [(message, fix)] for constraints across
         # its fields (e.g. tis: --tis-clip-low <= --tis-clip); checked only for selected components
         check = getattr(cfg.params_for(sel.name), "problems", None)

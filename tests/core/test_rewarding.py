@@ -180,6 +180,32 @@ def test_scorer_pickles_without_built_functions():
     assert clone._built == {} and clone("1", "1", {}) == 1.0 and "exact" in clone._built
 
 
+def _batched_registry():
+    specs = [RewardScorerSpec(name=n, summary=n, source="test", factory=f"rewarding_toy_scorers:{f}", batched=b)
+             for n, f, b in (("math", "build_exact", False), ("exact", "build_exact", False),
+                             ("batchy", "build_batch_len", True), ("short", "build_batch_wrong_length", True),
+                             ("sleepy", "build_batch_sleep", True))]
+    return load_registry([("toys", make_plugin(*specs))], entry_points=False)
+
+
+def test_a_batched_scorer_gets_its_samples_in_one_call_beside_per_sample_ones():
+    (scorer,) = resolve_scorers(RunConfig(), _batched_registry())  # auto: each row names its scorer
+    meta = [{"scorer": "batchy"}, {"scorer": "exact"}, {"scorer": "batchy"}, {"scorer": "batchy"}, {"scorer": "exact"}]
+    rewards, stats = score_batch(scorer, ["a", "1", "bbb", "nan", "2"], ["1"] * 5, meta, timeout=5, num_workers=2)
+    # one call of the 3 batchy samples: 300 + length; the NaN is that sample's error only; exact per sample
+    assert rewards == [301.0, 1.0, 303.0, None, 0.0] and stats == {"reward_errors": 1, "reward_timeouts": 0}
+
+
+@pytest.mark.parametrize("name, kind", [("short", "reward_errors"), ("sleepy", "reward_timeouts")])
+def test_a_failed_batched_call_fails_each_of_its_samples(name, kind):
+    (scorer,) = resolve_scorers(RunConfig(reward=(name,)), _batched_registry())
+    rewards, stats = score_batch(scorer, ["a", "b", "c"], ["1"] * 3, [{}] * 3, timeout=1, num_workers=1)
+    assert rewards == [None, None, None] and stats[kind] == 3 and sum(stats.values()) == 3
+    (ok,) = resolve_scorers(RunConfig(reward=("batchy",)), _batched_registry())  # the pool goes on
+    assert score_batch(ok, ["a", "bad"], ["1"] * 2, [{}] * 2, timeout=5, num_workers=1) == \
+        ([201.0, None], {"reward_errors": 1, "reward_timeouts": 0})
+
+
 def test_real_scorers_through_the_pool():
     relax_math = pytest.importorskip("relax_math.plugin")
     reg = load_registry([("math", relax_math)], entry_points=False)
