@@ -113,7 +113,8 @@ def _print_dry_run(cfg, resolved, reg) -> None:
               for k, v in {"estimator": ctx.estimator, "engine": ctx.engine, "backend": ctx.backend,
                            "sampler": ctx.sampler}.items() if v}
     if "auto" not in cfg.reward:
-        chosen["reward"] = [{"name": r.spec.name, "origin": r.origin} for r in (reg.get("reward", n) for n in cfg.reward)]
+        chosen["reward"] = [{"name": r.spec.name, "origin": r.origin}
+                            for r in (reg.get("reward", n) for n in cfg.reward)]
     sources = data_sources(reg)
     data = parse_data(cfg.data, sources)
     if data.kind == "source":

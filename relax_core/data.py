@@ -26,8 +26,9 @@ With evaluation data, the training rows whose prompt is one of the evaluation pr
 dropped (:func:`exclude_eval_prompts`, ``--exclude-eval-prompts``, on by default), so that
 evaluation is on prompts the run never trains on.
 
-The :class:`DataCursor` (the default ``--sampler uniform``) walks the rows in a seeded shuffled order, epoch by epoch; its
-state (epoch, position) is saved in checkpoints, so a resumed run repeats no prompt.
+The :class:`DataCursor` (the default ``--sampler uniform``) walks the rows in a seeded
+shuffled order, epoch by epoch; its state (epoch, position) is saved in checkpoints, so a
+resumed run repeats no prompt.
 """
 
 from __future__ import annotations

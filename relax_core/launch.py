@@ -175,7 +175,7 @@ def make_score(scorers: list[Any], cfg: Any) -> Any:
     (:mod:`relax_core.reward_mix`: with several, each one's mean is ``rollout/reward/<name>``)."""
     from relax_core import reward_mix, rewarding
 
-    weights = reward_mix.weights(cfg) if len(scorers) > 1 or cfg.reward_weights else (1.0,)
+    weights = reward_mix.weights(cfg) if cfg.reward_weights else (1.0,) * len(scorers)
 
     def score(responses: list[str], labels: list[Any], metadata: list[dict],
               prompts: list[str]) -> tuple[list[Any], dict[str, float]]:

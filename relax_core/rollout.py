@@ -270,9 +270,10 @@ class Rollout:
 
     def post_process(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Run the post-processors in order; drop the samples they do not keep."""
-        rb = RewardBatch(rewards=batch.rewards.clone(), raw_rewards=batch.rewards.clone(), group_index=batch.group_index,
-                         response_lengths=batch.response_lengths, truncated=batch.truncated,
-                         responses=batch.responses, keep=torch.ones(batch.size, dtype=torch.bool))
+        rb = RewardBatch(rewards=batch.rewards.clone(), raw_rewards=batch.rewards.clone(),
+                         group_index=batch.group_index, response_lengths=batch.response_lengths,
+                         truncated=batch.truncated, responses=batch.responses,
+                         keep=torch.ones(batch.size, dtype=torch.bool))
         rb = apply_processors(self.c.processors, rb)
         batch = batch.replace(rewards=rb.rewards.float())
         if not bool(rb.keep.all()):
@@ -319,7 +320,7 @@ class Rollout:
             n_groups += int(torch.unique(batch.group_index).numel()) if batch.size else 0
             if n_groups >= cfg.rollout_batch_size or cfg.load_debug_rollout_data:
                 break
-        metrics.update(step_metrics(score_rounds) if score_rounds else {})
+        metrics.update(step_metrics(score_rounds))
         metrics.update(mean_over_rounds(proc_rounds))  # the whole step, not its last round
         batch = Batch.concat([b for b in kept if b.size] or kept[:1], self.tokenizer.pad_token_id or 0)
         if n_groups > cfg.rollout_batch_size:  # keep the first rollout_batch_size groups
