@@ -93,10 +93,11 @@ def _print_dry_run(cfg, resolved, reg) -> None:
 
     ctx = resolved.context
     chosen = {k: {"name": v.name, "origin": v.origin}
-              for k, v in {"estimator": ctx.estimator, "engine": ctx.engine, "backend": ctx.backend}.items() if v}
-    if cfg.reward != "auto":
-        r = reg.get("reward", cfg.reward)
-        chosen["reward"] = {"name": r.spec.name, "origin": r.origin}
+              for k, v in {"estimator": ctx.estimator, "engine": ctx.engine, "backend": ctx.backend,
+                           "sampler": ctx.sampler}.items() if v}
+    if "auto" not in cfg.reward:
+        chosen["reward"] = [{"name": r.spec.name, "origin": r.origin}
+                            for r in (reg.get("reward", n) for n in cfg.reward)]
     sources = data_sources(reg)
     data = parse_data(cfg.data, sources)
     if data.kind == "source":
@@ -222,7 +223,7 @@ def plugins_show(name: str, kind: Optional[str] = typer.Option(None, help="Disam
 @plugins_app.command("new")
 def plugins_new(
     name: str = typer.Argument(..., help="Component name, [a-z][a-z0-9_]* (package relax_<name>)."),
-    kind: str = typer.Option(..., "--kind", help="estimator, correction, reward, reward_processor, engine or backend."),
+    kind: str = typer.Option(..., "--kind", help="estimator, correction, reward, reward_processor, engine, backend or sampler."),
     dest: Optional[str] = typer.Option(None, "--dir", help="Parent directory (default: current)."),
     summary: Optional[str] = typer.Option(None, "--summary", help="One-line description."),
 ) -> None:
@@ -242,7 +243,7 @@ def plugins_new(
 
 @app.command()
 def capabilities(
-    kind: Optional[str] = typer.Option(None, help="estimator, correction, engine, backend, reward_processor, reward or data_source."),
+    kind: Optional[str] = typer.Option(None, help="estimator, correction, engine, backend, reward_processor, reward, sampler or data_source."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     markdown: bool = typer.Option(False, "--markdown", help="The docs page (docs/capabilities.md)."),
 ) -> None:

@@ -2,15 +2,15 @@
 validation, the plugin host, checkpoints and metrics.
 
 Everything that varies (estimators, corrections, rewards, rollout engines, training
-backends, data sources) is a plugin registered through the hooks in
+backends, data sources, prompt samplers) is a plugin registered through the hooks in
 :mod:`relax_core.hookspecs`.
 
 The public API for plugin authors is exactly :data:`__all__`: the spec and capability
 types, :func:`param`, :data:`hookimpl` and :data:`API_VERSION` (importable without torch),
-and six modules, imported lazily on first access: ``batch`` (the declared batch fields),
+and seven modules, imported lazily on first access: ``batch`` (the declared batch fields),
 ``contracts`` (the data contract between stages), ``numerics`` (masked reductions, group statistics, KL, normalisation), ``policy``
 (PPO-clip, REINFORCE, the group advantage stage), ``answers`` (final-answer extraction for
-reward scorers) and ``testing`` (the contract kit).
+reward scorers), ``sampling`` (the prompt sampler contract) and ``testing`` (the contract kit).
 Specs declare the ``api_version`` they were written against; the loader refuses versions it
 does not support.  Everything else in ``relax_core`` is internal and may change.
 """
@@ -35,6 +35,8 @@ from relax_core.specs import (
     RewardProcessorCapabilities,
     RewardProcessorSpec,
     RewardScorerSpec,
+    SamplerCapabilities,
+    SamplerSpec,
     SamplingConstraints,
     param,
 )
@@ -60,6 +62,8 @@ __all__ = [
     "RewardProcessorCapabilities",
     "RewardProcessorSpec",
     "RewardScorerSpec",
+    "SamplerCapabilities",
+    "SamplerSpec",
     "SamplingConstraints",
     "hookimpl",
     "param",
@@ -69,10 +73,11 @@ __all__ = [
     "numerics",
     "policy",
     "answers",
+    "sampling",
     "testing",
 ]
 
-_LAZY_MODULES = ("batch", "contracts", "numerics", "policy", "answers", "testing")
+_LAZY_MODULES = ("batch", "contracts", "numerics", "policy", "answers", "sampling", "testing")
 
 
 def __getattr__(name: str):

@@ -51,10 +51,11 @@ class RunConfig:
     # ---- components
     advantage_estimator: str = opt("grpo", "Advantage estimator (plugin name).", aliases=("--estimator",), group="components")
     correction: tuple[str, ...] = opt((), "Train/inference mismatch correction (repeatable), applied in each correction's declared order.", repeat=True, group="components")
-    reward: str = opt("auto", "Reward scorer (plugin name); 'auto' takes the scorer the data source suggests.", group="components")
+    reward: tuple[str, ...] = opt(("auto",), "Reward scorer (plugin name); 'auto' takes the scorer the data source suggests. Repeatable: the reward is the --reward-weights sum of the scorers', each logged as rollout/reward/<name>.", repeat=True, group="components")
     reward_processor: tuple[str, ...] = opt((), "Reward post-processor (repeatable), applied in the order given.", repeat=True, group="components")
     rollout_engine: str = opt("hf", "Rollout engine (plugin name).", group="components")
     train_backend: str = opt("torch", "Training backend (plugin name).", group="components")
+    sampler: str = opt("uniform", "Prompt sampler (plugin name): which training rows each step's prompts are (docs/guide/sampling.md).", group="components")
     custom_rm_path: str | None = opt(None, "Custom scorer 'pkg.module:fn' (runs with your rights; lighter than a plugin).", group="components")
 
     # ---- model and data
@@ -127,6 +128,7 @@ class RunConfig:
     reward_timeout: float = opt(10.0, "Seconds before a scorer call counts as timed out.", gt=0, group="reward")
     reward_num_workers: int = opt(2, "Concurrent scorer workers.", ge=1, group="reward")
     rm_url: str | None = opt(None, "URL of a remote reward model (remote scorer).", group="reward")
+    reward_weights: tuple[float, ...] = opt((), "Weights of the --reward scorers, comma-separated, in their order (default: 1 each), e.g. 1,0.5.", group="reward")
     max_oversampling_rounds: int = opt(2, "Extra sampling rounds for filters that drop groups.", ge=0, group="reward")
 
     # ---- parallelism and launch
@@ -347,6 +349,12 @@ def _coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
             return None
         raise ValueError(f"{where}: null is not allowed")
     base = t.replace("|None", "")
+    if base.startswith("tuple[float"):  # a comma-separated list (CLI) or a YAML list
+        items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
+        try:
+            return tuple(float(v) for v in items)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: expected comma-separated numbers, got {value!r}") from None
     if base.startswith("tuple"):
         if isinstance(value, str):
             value = [value]

@@ -221,6 +221,11 @@ class RewardBatch:
         truncated: bool ``[B]``.
         responses: the response texts.
         keep: bool ``[B]`` samples to train on (a filter clears whole groups).
+        raw_rewards: float32 ``[B]``, the scorer's rewards before any post-processor (NaN =
+            unscored), the signal a filter tests (a length penalty must not make an
+            all-wrong group look informative); read-only (a processor that changes it is
+            refused by :func:`relax_core.stages.rewarding.apply_processors`).  Default: ``rewards``
+            (a batch no processor has changed).
         metrics: scalar metrics the processors add, each a mean over this batch (a
             fraction or an average per sample or per group); a step of several
             oversampling rounds reports their mean over the rounds (:func:`relax_core.stages.rewarding.mean_over_rounds`).
@@ -232,7 +237,12 @@ class RewardBatch:
     truncated: Tensor
     responses: list[str]
     keep: Tensor
+    raw_rewards: Tensor | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.raw_rewards is None:
+            object.__setattr__(self, "raw_rewards", self.rewards)
 
     def replace(self, **changes: Any) -> "RewardBatch":
         return replace(self, **changes)

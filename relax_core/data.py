@@ -26,8 +26,9 @@ With evaluation data, the training rows whose prompt is one of the evaluation pr
 dropped (:func:`exclude_eval_prompts`, ``--exclude-eval-prompts``, on by default), so that
 evaluation is on prompts the run never trains on.
 
-The :class:`DataCursor` walks the rows in a seeded shuffled order, epoch by epoch; its
-state (epoch, position) is saved in checkpoints, so a resumed run repeats no prompt.
+The :class:`DataCursor` (the default ``--sampler uniform``) walks the rows in a seeded
+shuffled order, epoch by epoch; its state (epoch, position) is saved in checkpoints, so a
+resumed run repeats no prompt.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_core.answers import parse_number
+from relax_core.sampling import Sampler
 
 GSM8K_SCHEME = "gsm8k"
 
@@ -326,8 +328,9 @@ def encode_prompts(prompts: list[str], tokenizer: Any, cfg: Any) -> tuple[list[s
 
 
 @dataclass
-class DataCursor:
-    """A deterministic walk over ``n`` rows: a fresh seeded shuffle per epoch.
+class DataCursor(Sampler):
+    """A deterministic walk over ``n`` rows: a fresh seeded shuffle per epoch (the
+    ``uniform`` sampler, :mod:`relax_core.sampling`).
 
     ``take(k)`` returns the next ``k`` dataset indices, wrapping into the next epoch.  Every
     row is handed out once per epoch, and a batch never holds the same index twice when

@@ -309,6 +309,16 @@ class RewardProcessorCapabilities:
     """Drops groups and asks the loop to sample more (dynamic sampling)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class SamplerCapabilities:
+    """What a prompt sampler needs of the run."""
+
+    needs_stable_prompt_ids: bool = False
+    """Keeps per-prompt statistics keyed by the dataset index (``prompt_index``), so an index
+    must name the same prompt for the whole run, resumes included: refused with
+    ``--resume-allow-data-change`` (after a data change the indices name other rows)."""
+
+
 # --------------------------------------------------------------------------- specs
 
 
@@ -391,13 +401,20 @@ class CorrectionSpec(ComponentSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class RewardScorerSpec(ComponentSpec):
-    """A scorer: the factory returns ``fn(response: str, label, metadata: dict) -> float | None``.
+    """A scorer: the factory returns ``fn(response: str, label, metadata: dict) -> float | None``,
+    or, when ``batched``, ``fn(responses: list[str], labels: list, metadata: list[dict]) ->
+    list[float | None]`` (one reward per sample, in order).
 
     The function may also have ``extract_answer(response, label, metadata) -> str | None``,
     the answer text it compares (shown when a run's rewards never vary)."""
 
     kind: ClassVar[str] = "reward"
     capabilities_type: ClassVar[type | None] = None
+    batched: bool = False
+    """The factory's function scores a whole batch in one call (a reward model: one forward
+    for many responses) instead of one sample per call; the reward workers give it every
+    sample it scores in a batch, with ``--reward-timeout`` for the whole call
+    (:func:`relax_core.stages.rewarding.score_batch`)."""
     self_check: bool = True
     """Whether scoring a label as the response is cheap and local, so that ``relax train``
     (and ``--dry-run``) can check that a correct answer scores before any model loads
@@ -442,6 +459,19 @@ class DataSourceSpec(ComponentSpec):
     scheme: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class SamplerSpec(ComponentSpec):
+    """A prompt sampler (``--sampler``): which dataset rows each step's prompts are.
+
+    The factory returns ``fn(num_rows: int, seed: int) -> Sampler``
+    (:class:`relax_core.sampling.Sampler`: ``take``, ``observe``, ``metrics``, ``state``,
+    ``load``), called once per run with the training set's size and ``--seed``.
+    """
+
+    kind: ClassVar[str] = "sampler"
+    capabilities_type: ClassVar[type] = SamplerCapabilities
+
+
 @dataclass(frozen=True)
 class Kind:
     """One kind of component: the one place that names it.  The hooks, the plugin loader,
@@ -474,6 +504,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("reward_processor", RewardProcessorSpec, "relax_register_reward_processors", "Reward post-processors",
          "reward-processors"),
     Kind("reward", RewardScorerSpec, "relax_register_reward_scorers", "Reward scorers", "rewards"),
+    Kind("sampler", SamplerSpec, "relax_register_samplers", "Samplers", "samplers"),
     Kind("data_source", DataSourceSpec, "relax_register_data_sources", "Data sources", "data-sources", scaffold=False),
 )
 KIND: dict[str, Kind] = {k.name: k for k in KINDS}

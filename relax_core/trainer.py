@@ -56,6 +56,8 @@ class Components:
     score: Callable[[list[str], list[Any], list[dict], list[str]], tuple[list[float | None], dict[str, float]]]
     """``score(responses, labels, metadata, prompts) -> (one reward or None per sample, metrics)``;
     the four lists have one entry per sample (``prompts``: the prompt texts as the engine saw them)."""
+    sampler: Any
+    """The training data's :class:`~relax_core.sampling.Sampler` (``--sampler``)."""
     needs_critic: bool = False
     processor_resamples: bool = False
     rollout_fields: frozenset[str] = frozenset()
@@ -213,8 +215,8 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def save(self, include_optimizer: bool = True) -> Path:
-        """Checkpoint the current step (``--keep-checkpoints`` kept): the loop state, the data
-        cursor and fingerprint, the weights the engine holds; raises
+        """Checkpoint the current step (``--keep-checkpoints`` kept): the loop state, the
+        sampler's state and the data fingerprint, the weights the engine holds; raises
         :class:`~relax_core.run.checkpoint.CheckpointError` when the write fails."""
         s = self.state
         held, weights = self.publisher.state(s.step)
@@ -224,7 +226,7 @@ class Trainer:
             "engine": held}, keep=self.cfg.keep_checkpoints, include_optimizer=include_optimizer, engine_weights=weights)
 
     def restore(self) -> bool:
-        """Load the newest checkpoint (``--resume``): weights, RNG, the data cursor, and the
+        """Load the newest checkpoint (``--resume``): weights, RNG, the sampler's state, and the
         weights the engine held; drop the metrics and trained-prompt records after it."""
         path = ckpt.latest_checkpoint(self.ckpt_dir)
         if path is None:

@@ -71,6 +71,7 @@ _USAGE = {
                         "    relax train --reward-processor {name} --dry-run\n",
     "engine": "    relax capabilities --kind engine\n    relax train --rollout-engine {name} --dry-run\n",
     "backend": "    relax capabilities --kind backend\n    relax train --train-backend {name} --dry-run\n",
+    "sampler": "    relax capabilities --kind sampler\n    relax train --sampler {name} --dry-run\n",
 }
 
 _PLUGIN = {
@@ -205,6 +206,22 @@ def relax_register_train_backends():
         source="TODO: the training library this wraps",
         factory="relax_$name.$impl:build",
         capabilities=BackendCapabilities(devices=frozenset({"cpu"})),
+    )]
+'''),
+    "sampler": Template('''\
+"""Hook implementations of relax-$dash (registration only: nothing heavy is imported)."""
+
+from relax_core import SamplerCapabilities, SamplerSpec, hookimpl
+
+
+@hookimpl
+def relax_register_samplers():
+    return [SamplerSpec(
+        name="$name",
+        summary=$qsummary,
+        source="TODO: paper title and section of the selection rule",
+        factory="relax_$name.$impl:build",
+        capabilities=SamplerCapabilities(needs_stable_prompt_ids=False),  # True if it keeps per-prompt statistics
     )]
 '''),
 }
@@ -408,6 +425,52 @@ class Backend:
 def build(params, config) -> Backend:
     return Backend()
 '''),
+    "sampler": Template('''\
+"""$docsummary
+
+Rule (TODO: replace with yours, and cite it): the d-th call of ``take(k)`` returns k distinct
+rows drawn uniformly, ``random.Random(f"relax-$name:{seed}:{d}").sample(range(n), k)``
+(independent draws: a row may come back before every row was seen).
+
+The state is the number of draws so far, so a resumed run draws what the uninterrupted one
+would.  ``observe`` receives every generated sample's raw reward (``PromptResults``:
+``prompt_index``, ``rewards``, ``group_index``, each ``[B]``); this sampler ignores them.
+"""
+
+from __future__ import annotations
+
+import random
+
+from relax_core.sampling import PromptResults, Sampler
+
+
+class RandomRows(Sampler):
+    def __init__(self, num_rows: int, seed: int):
+        self.n, self.seed, self.draws = num_rows, seed, 0
+
+    def take(self, k: int) -> list[int]:
+        rng = random.Random(f"relax-$name:{self.seed}:{self.draws}")
+        self.draws += 1
+        return rng.sample(range(self.n), min(k, self.n)) + [rng.randrange(self.n) for _ in range(k - self.n)]
+
+    def observe(self, results: PromptResults) -> None:
+        pass  # TODO: learn from results.rewards per results.prompt_index
+
+    def metrics(self) -> dict[str, float]:
+        return {}  # TODO: scalars named sampler/$name/...
+
+    def state(self) -> dict:
+        return {"n": self.n, "seed": self.seed, "draws": self.draws}
+
+    def load(self, state: dict, allow_other_data: bool = False) -> None:
+        if state["n"] != self.n and not allow_other_data:
+            raise ValueError(f"the checkpoint's sampler is for {state['n']} rows, these data have {self.n}")
+        self.draws = int(state["draws"])
+
+
+def build(params, config):
+    return RandomRows
+'''),
 }
 
 _TESTS_COMMON = Template('''\
@@ -505,11 +568,27 @@ def test_penalty_by_hand():
 ''',
     "engine": "",
     "backend": "",
+    "sampler": '''
+
+def test_draws_by_hand_and_resumes():
+    import random
+
+    make = _spec().build()
+    s = make(5, 3)
+    assert s.take(2) == random.Random("relax-$name:3:0").sample(range(5), 2)
+    saved = s.state()
+    assert saved == {"n": 5, "seed": 3, "draws": 1}
+    nxt = s.take(4)
+    again = make(5, 3)
+    again.load(saved)
+    assert again.take(4) == nxt == random.Random("relax-$name:3:1").sample(range(5), 4)
+''',
 }
 
 _HOOKS = {k.name: k.hook for k in SPEC_KINDS}
 _IMPL_NAMES = {"estimator": "estimator", "correction": "correction", "reward": "scorer",
-               "reward_processor": "processor", "engine": "engine", "backend": "backend"}
+               "reward_processor": "processor", "engine": "engine", "backend": "backend",
+               "sampler": "sampler"}
 
 
 def write_plugin(kind: str, name: str, dest: str | Path | None = None, summary: str | None = None) -> Path:

@@ -4,7 +4,7 @@ What is evaluated (``MODEL_OR_RUN``, see :func:`resolve_target`): a run director
 ``final/``, or with ``--checkpoint step_N`` that checkpoint's trained weights on the run's
 model), a checkpoint directory, a Hugging Face model directory, or a model name.  The data
 (``--eval-data NAME=SOURCE``, any ``--data`` scheme) are read by
-:func:`relax_core.data.load_dataset` and scored by :func:`relax_core.stages.rewarding.resolve_scorer`
+:func:`relax_core.data.load_dataset` and scored by :func:`relax_core.stages.rewarding.resolve_scorers`
 through :func:`relax_core.run.launch.make_score`, and samples come from the run's rollout engine
 through :class:`relax_core.stages.rollout.Rollout`: the same code as ``relax train``.  A run
 directory lends its configuration (model, engine, chat template, prompt suffix, ``--reward``,
@@ -284,7 +284,7 @@ def prepare(target_arg: str, *, eval_data: list[str], checkpoint: str | None, se
     import dataclasses
 
     from relax_core.host.reward_check import label_check
-    from relax_core.stages.rewarding import RewardSetupError, resolve_scorer
+    from relax_core.stages.rewarding import RewardSetupError, resolve_scorers
 
     target = resolve_target(target_arg, checkpoint, reg.param_schemas())
     cfg = target.cfg
@@ -299,14 +299,15 @@ def prepare(target_arg: str, *, eval_data: list[str], checkpoint: str | None, se
                         "a config file unasked): pass --custom-rm-path again to score with it, or choose --reward")
     if problems:
         raise BadInput(problems)
-    cfg = dataclasses.replace(cfg, reward=reward or ("auto" if custom_rm_path else cfg.reward),
-                              custom_rm_path=custom_rm_path)
+    # one scorer: --reward, the custom one, or the run's first --reward (its task's own scorer)
+    cfg = dataclasses.replace(cfg, reward=(reward,) if reward else ("auto",) if custom_rm_path else cfg.reward[:1],
+                              reward_weights=(), custom_rm_path=custom_rm_path)
     sources = parse_eval_data(eval_data) or ([(None, cfg.eval_source)] if cfg.eval_source else [])
     if not sources:
         raise BadInput("no evaluation data: give --eval-data NAME=SOURCE (any --data format, e.g. "
                        "rg:chain_sum?size=200&seed=7)")
     try:
-        scorer = resolve_scorer(cfg, reg)
+        (scorer,) = resolve_scorers(cfg, reg)
     except RewardSetupError as e:
         raise BadInput(str(e)) from None
     target.cfg = cfg
@@ -365,7 +366,7 @@ def run_eval(target: Target, sets: list[EvalSet], scorer: Any, settings: EvalSet
 
             engine.update_weights(load_file(str(target.weights)), 0)
         comps = Components(engine=engine, backend=None, estimator=None, corrections=[], processors=[],
-                           score=make_score(scorer, cfg))
+                           score=make_score([scorer], cfg), sampler=None)  # evaluation draws no training prompts
         rollout = Rollout(cfg, comps, sets[0].data, Publisher(engine, lambda: None, 1))
         max_len = settings.max_response_len or cfg.rollout_max_response_len
         results, samples = {}, []

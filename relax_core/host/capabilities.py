@@ -38,6 +38,7 @@ class Context:
     engine: Selected | None = None
     backend: Selected | None = None
     processors: tuple[Selected, ...] = ()
+    sampler: Selected | None = None
     model_is_moe: bool | None = None  # None = not known before loading
 
     @property
@@ -222,7 +223,7 @@ def _group_problem(ctx: Context, c: Any) -> str | None:
     return None
 
 
-E, C, G, B, P = "estimator", "correction", "engine", "backend", "reward_processor"
+E, C, G, B, P, S = "estimator", "correction", "engine", "backend", "reward_processor", "sampler"
 
 CAPABILITIES: tuple[Capability, ...] = (
     # ---------------------------------------------------------------- estimators
@@ -361,6 +362,10 @@ CAPABILITIES: tuple[Capability, ...] = (
     # ---------------------------------------------------------------- reward processors
     Capability(P, "allowed_with_strict_estimators", "keeps raw signal", "May be combined with estimators that forbid post-processors."),
     Capability(P, "may_request_more_samples", "resamples", "Drops groups and asks the loop to sample more."),
+    # ---------------------------------------------------------------- samplers
+    Capability(S, "needs_stable_prompt_ids", "stable ids", "Keeps per-prompt statistics by dataset index, so an index must name one prompt for the whole run (every data source gives stable indices: the rows are loaded once and fingerprinted; a resume onto changed data does not).",
+               lambda ctx, c: "keeps per-prompt statistics by dataset index, but --resume-allow-data-change may continue on other rows, whose indices name other prompts" if c.needs_stable_prompt_ids and ctx.cfg.resume and ctx.cfg.resume_allow_data_change else None,
+               "resume with the same --data (drop --resume-allow-data-change), or start a fresh run on the new data"),
 )
 
 

@@ -133,14 +133,15 @@ class RewardWatch:
 
     Args:
         score: ``score(responses, labels, metadata, prompts) -> (rewards, metrics)``.
-        scorer: the run's :class:`~relax_core.stages.rewarding.Scorer` (names and extraction).
+        scorers: the run's :class:`~relax_core.stages.rewarding.Scorer` objects, one per ``--reward``
+            (names and extraction).
         notify: called once with the warning text.
         calls: score calls to look at (each is one training step or one evaluation).
     """
 
-    def __init__(self, score: ScoreFn, scorer: Any, notify: Callable[[str], None], calls: int = WATCH_CALLS):
+    def __init__(self, score: ScoreFn, scorers: Sequence[Any], notify: Callable[[str], None], calls: int = WATCH_CALLS):
         self.score = score
-        self.scorer = scorer
+        self.scorers = list(scorers)
         self.notify = notify
         self.calls = calls
         self.seen = 0
@@ -163,13 +164,14 @@ class RewardWatch:
         """The warning: which scorer, what every sample scored, one example, what to try."""
         (value,) = self.values
         response, label, meta = self.example
-        name = self.scorer.name_for(meta)
-        fn = self.scorer.resolve(meta)
+        names = [s.name_for(meta) for s in self.scorers]
         got = "was unscored (the scorer returned None)" if value is None else f"scored {value:g}"
-        hint = what_to_try(name) if value is None or value <= 0 else (
+        hint = what_to_try(names[0]) if value is None or value <= 0 else (
             "every sample is already rewarded: use harder prompts (or a stricter scorer)")
         short = response if len(response) <= 200 else response[:200] + "…"
-        return (f"warning: every sample of the first {self.calls} scored batches {got} with reward scorer "
-                f"'{name}': the estimator gets no signal from identical rewards.\n"
-                f"  response: {short!r}\n  label: {label!r}; answer the scorer extracted: "
-                f"{extracted(fn, response, label, meta)}\n  {hint}")
+        answers = "; ".join(f"answer {'the scorer' if len(names) == 1 else repr(n)} extracted: "
+                            f"{extracted(s.resolve(meta), response, label, meta)}" for n, s in zip(names, self.scorers))
+        which = f"reward scorer '{names[0]}'" if len(names) == 1 else "reward scorers " + ", ".join(f"'{n}'" for n in names)
+        return (f"warning: every sample of the first {self.calls} scored batches {got} with {which}: the estimator "
+                f"gets no signal from identical rewards.\n"
+                f"  response: {short!r}\n  label: {label!r}; {answers}\n  {hint}")

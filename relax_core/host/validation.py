@@ -18,6 +18,7 @@ from relax_core.config import DEFAULT_MODEL, RunConfig, check_bounds, config_fie
 from relax_core.data import GSM8K_SCHEME, data_sources, parse_data
 from relax_core.host.plugins import PluginError, Registry
 from relax_core.run.lora import lora_problems
+from relax_core.stages.reward_mix import problems as reward_mix_problems
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,7 @@ def _run_problems(cfg: RunConfig) -> list[Problem]:
                            f"--max-staleness {cfg.max_staleness}: the engines get new weights only every "
                            f"{cfg.update_weights_interval} steps, so samples are up to {cfg.update_weights_interval - 1} steps stale",
                            f"use --max-staleness {cfg.update_weights_interval - 1} or more, or a smaller --update-weights-interval"))
+    out += [Problem("config", option, msg, fix) for option, msg, fix in reward_mix_problems(cfg)]
     if len(set(cfg.correction)) != len(cfg.correction):
         out.append(Problem("config", "--correction", "a correction is selected twice", "give each --correction once"))
     return out
@@ -204,11 +206,12 @@ def unread_parameters(cfg: RunConfig, reg: Registry, selected: set[tuple[str, st
     shared by several components (``--tis-clip``) is read when any selected one declares it.
     ``selected``: the run's (kind, name) pairs; with ``--reward auto`` the scorer is chosen
     from the data later, so scorers' parameters are not checked."""
+    auto = "auto" in cfg.reward
     read = {param_flag(name, f) for kind, name in selected if (schema := reg.get(kind, name).spec.params)
             for f in dataclasses.fields(schema)}
     unread: dict[str, tuple[Any, list[str]]] = {}
     for kind, comps in reg.components.items():
-        if kind == "reward" and cfg.reward == "auto":
+        if kind == "reward" and auto:
             continue
         for name in sorted(comps):
             p = cfg.params_for(name)
@@ -239,6 +242,7 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
     est, specs["estimator"] = _select(reg, "estimator", cfg.advantage_estimator, cfg, problems)
     engine, specs["engine"] = _select(reg, "engine", cfg.rollout_engine, cfg, problems)
     backend, specs["backend"] = _select(reg, "backend", cfg.train_backend, cfg, problems)
+    sampler, specs["sampler"] = _select(reg, "sampler", cfg.sampler, cfg, problems)
     corrections, processors = [], []
     for name in cfg.correction:
         sel, specs[f"correction:{name}"] = _select(reg, "correction", name, cfg, problems)
@@ -248,11 +252,14 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
         sel, specs[f"reward_processor:{name}"] = _select(reg, "reward_processor", name, cfg, problems)
         if sel:
             processors.append(sel)
-    if cfg.reward != "auto":
-        _, specs["reward"] = _select(reg, "reward", cfg.reward, cfg, problems)
+    rewards = []
+    for name in dict.fromkeys(cfg.reward):
+        if name != "auto":
+            sel, specs[f"reward:{name}"] = _select(reg, "reward", name, cfg, problems)
+            rewards += [sel] if sel else []
     corrections.sort(key=lambda s: s.caps.order)
     ctx = Context(cfg=cfg, estimator=est, corrections=tuple(corrections), engine=engine, backend=backend,
-                  processors=tuple(processors), model_is_moe=model_is_moe(cfg.model))
+                  processors=tuple(processors), sampler=sampler, model_is_moe=model_is_moe(cfg.model))
 
     for cap in CAPABILITIES:
         if cap.check is None:
@@ -263,19 +270,18 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
             "engine": [engine] if engine else [],
             "backend": [backend] if backend else [],
             "reward_processor": list(processors),
+            "sampler": [sampler] if sampler else [],
         }[cap.kind]
         for sel in targets:
             msg = cap.check(ctx, sel.caps)
             if msg:
                 problems.append(Problem(sel.label, cap.field, f"{sel.name} {msg}", cap.fix))
-    for sel in [s for s in (est, engine, backend) if s] + corrections + processors:
+    for sel in [s for s in (est, engine, backend, sampler) if s] + corrections + processors + rewards:
         # a parameter schema may define problems() -> [(message, fix)] for constraints across
         # its fields (e.g. tis: --tis-clip-low <= --tis-clip); checked only for selected components
         check = getattr(cfg.params_for(sel.name), "problems", None)
         problems += [Problem(sel.label, "parameters", f"{sel.name}: {msg}", fix) for msg, fix in (check() if callable(check) else ())]
-    chosen = {(s.kind, s.name) for s in [est, engine, backend, *corrections, *processors] if s}
-    if cfg.reward != "auto" and specs["reward"] is not None:
-        chosen.add(("reward", cfg.reward))
+    chosen = {(s.kind, s.name) for s in [est, engine, backend, sampler, *corrections, *processors, *rewards] if s}
     problems += unread_parameters(cfg, reg, chosen)
     problems += [Problem("plugins", "duplicate component", p, "") for p in reg.problems]
     return Resolved(ctx, specs), problems

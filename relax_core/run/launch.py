@@ -61,7 +61,7 @@ def configure(args: list[str], reg: Any) -> tuple[Any, Any, Any]:
     names = lambda kind: sorted(reg.components.get(kind, {}))  # noqa: E731
     choices = {"advantage_estimator": names("estimator"), "correction": names("correction"),
                "reward": ["auto", *names("reward")], "reward_processor": names("reward_processor"),
-               "rollout_engine": names("engine"), "train_backend": names("backend")}
+               "rollout_engine": names("engine"), "train_backend": names("backend"), "sampler": names("sampler")}
     try:
         cli, config_path, ns = parse_cli(list(args), schemas, choices=choices)
         yaml_values = load_yaml(config_path) if config_path else {}
@@ -115,7 +115,8 @@ class Preflight:
 
     train_data: Any
     eval_data: Any
-    scorer: Any
+    scorers: list[Any]
+    """One :class:`~relax_core.stages.rewarding.Scorer` per ``--reward`` (:mod:`relax_core.stages.reward_mix`)."""
     run_dir: Path
     resume_from: Path | None
     """The checkpoint ``--resume`` continues from (``None``: a fresh start)."""
@@ -141,7 +142,7 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
     from relax_core.models import model_problem
     from relax_core.run.resume import checkpoint_dir, holds_run
     from relax_core.host.reward_check import label_check
-    from relax_core.stages.rewarding import RewardSetupError, resolve_scorer
+    from relax_core.stages.rewarding import RewardSetupError, resolve_scorers
 
     problems = [p for p in [model_problem(cfg.model)] if p]
     try:
@@ -155,13 +156,17 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
              "prompt is an evaluation prompt (--no-exclude-eval-prompts keeps them)"] if train_data.held_out else []
     datasets = [("--data", train_data)] + ([("--eval-data", eval_data)] if eval_data else [])
     try:
-        scorer = resolve_scorer(cfg, reg)
-        for _, ds in datasets:
-            scorer.check([r["metadata"] for r in ds.rows])
+        scorers = resolve_scorers(cfg, reg)
+        for scorer in scorers:
+            for _, ds in datasets:
+                scorer.check([r["metadata"] for r in ds.rows])
     except RewardSetupError as e:
         raise BadInput(problems + [str(e)]) from None
-    label_problems, warnings = label_check(scorer, datasets, cfg)
-    problems += label_problems
+    warnings = []
+    for scorer in scorers:
+        label_problems, label_warnings = label_check(scorer, datasets, cfg)
+        problems += label_problems
+        warnings += label_warnings
     if cfg.use_rollout_logprobs and "rollout_log_probs" not in resolved.context.engine.caps.provides_fields:
         problems.append(f"--use-rollout-logprobs needs an engine that returns log-probs; '{cfg.rollout_engine}' does not")
     if problems:
@@ -184,7 +189,7 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
                            "row count: the data position carries over; otherwise they are read from their start)")
         if change:
             print(f"relax: --resume-allow-data-change: training data changed ({change})", file=sys.stderr)
-    return Preflight(train_data, eval_data, scorer, run_dir, resume_from, warnings, notes)
+    return Preflight(train_data, eval_data, scorers, run_dir, resume_from, warnings, notes)
 
 
 def prepare_run_dir(cfg: Any, run_dir: Path, fresh: bool) -> None:
@@ -205,17 +210,28 @@ def prepare_run_dir(cfg: Any, run_dir: Path, fresh: bool) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
-def make_score(scorer: Any, cfg: Any) -> Any:
+def make_score(scorers: list[Any], cfg: Any) -> Any:
     """``score(responses, labels, metadata, prompts) -> (rewards, metrics)`` over the run's
-    scorer, run in a worker pool with timeouts (:func:`relax_core.stages.rewarding.score_batch`; the
-    prompts reach the scorers as ``metadata["prompt"]``)."""
-    from relax_core.stages import rewarding
+    scorers (one per ``--reward``), each run in a worker pool with timeouts
+    (:func:`relax_core.stages.rewarding.score_batch`; the prompts reach the scorers as
+    ``metadata["prompt"]``), combined with ``--reward-weights``
+    (:mod:`relax_core.stages.reward_mix`: with several, each one's mean is ``rollout/reward/<name>``)."""
+    from relax_core.stages import reward_mix, rewarding
+
+    weights = reward_mix.weights(cfg) if cfg.reward_weights else (1.0,) * len(scorers)
 
     def score(responses: list[str], labels: list[Any], metadata: list[dict],
               prompts: list[str]) -> tuple[list[Any], dict[str, float]]:
-        rewards, stats = rewarding.score_batch(scorer, responses, labels, metadata, timeout=cfg.reward_timeout,
-                                               num_workers=cfg.reward_num_workers, prompts=prompts)
-        return rewards, {f"rollout/{k}": float(v) for k, v in stats.items()}
+        parts, metrics = [], {f"rollout/{k}": 0.0 for k in ("reward_errors", "reward_timeouts")}
+        for scorer in scorers:
+            rewards, stats = rewarding.score_batch(scorer, responses, labels, metadata, timeout=cfg.reward_timeout,
+                                                   num_workers=cfg.reward_num_workers, prompts=prompts)
+            parts.append(rewards)
+            for k, v in stats.items():
+                metrics[f"rollout/{k}"] += float(v)
+        if len(scorers) > 1:
+            metrics.update(reward_mix.part_metrics([s.reward for s in scorers], parts))
+        return (parts[0] if weights == (1.0,) else reward_mix.combine(parts, weights)), metrics
 
     return score
 
@@ -278,7 +294,7 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
 
 def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any) -> tuple[int, Any]:
     """The body of :func:`launch`: ``(exit code, the trainer once its loop ran, else None)``."""
-    train_data, eval_data, scorer = checked.train_data, checked.eval_data, checked.scorer
+    train_data, eval_data, scorers = checked.train_data, checked.eval_data, checked.scorers
 
     display.phase("importing torch")
     import numpy as np
@@ -309,6 +325,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
     estimator = build("estimator", cfg.advantage_estimator)
     corrections = [build(f"correction:{c.name}", c.name) for c in ctx.corrections]
     processors = build_processors(cfg, reg)
+    sampler = build("sampler", cfg.sampler)(len(train_data), cfg.seed)
     est_caps = ctx.estimator.caps
     corr_caps = [c.caps for c in ctx.corrections]
     rollout_fields = frozenset(f for caps in (est_caps, *corr_caps) for f in caps.requires_fields
@@ -341,7 +358,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
 
     comps = Components(
         engine=engine, backend=backend, estimator=estimator, corrections=corrections, processors=processors,
-        score=RewardWatch(make_score(scorer, cfg), scorer, notify=display.message),
+        score=RewardWatch(make_score(scorers, cfg), scorers, notify=display.message), sampler=sampler,
         needs_critic=est_caps.needs_critic,
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
         rollout_fields=rollout_fields, top_k=top_k,

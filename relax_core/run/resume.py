@@ -12,7 +12,7 @@ before any model loads, so that every refusal is a configuration problem (exit 2
 - **Which configuration.** The run's saved ``config.json`` is the base; the flags and
   ``--config`` file given now override it, and each override is listed with the step from
   which it applies.  Settings that a checkpoint cannot honour are refused
-  (:data:`REFUSED_ON_RESUME`): the estimator, model, backend, seed, and the optimizer
+  (:data:`REFUSED_ON_RESUME`): the estimator, model, backend, sampler, seed, and the optimizer
   settings that live in the optimizer's restored state (weight decay, AdamW betas and eps).
   The learning rate, warm-up and gradient clip are read every step, so a change applies.
 - **A finished run** (newest checkpoint at ``--num-rollout`` or beyond) is refused unless
@@ -42,6 +42,7 @@ REFUSED_ON_RESUME = {
     "advantage_estimator": "the checkpoint holds this estimator's state (critic, statistics)",
     "model": "the checkpoint holds weights of the saved model",
     "train_backend": "the checkpoint is in the saved backend's format",
+    "sampler": "the checkpoint holds this sampler's state (its data position and statistics)",
     "seed": "the data order and the sampling seeds of every step derive from it",
     "bf16": "the optimizer state was built for the saved precision",
     "weight_decay": "it lives in the optimizer state restored from the checkpoint",

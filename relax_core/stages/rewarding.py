@@ -3,11 +3,12 @@
     responses ──► score_batch(scorer, ...) ──► rewards [B] (None = unscored)
               ──► apply_processors(processors, RewardBatch) ──► rewards, keep ──► estimator
 
-**Scorer resolution** (:func:`resolve_scorer`): ``--custom-rm-path pkg.module:fn`` uses that
+**Scorer resolution** (:func:`resolve_scorers`): ``--custom-rm-path pkg.module:fn`` uses that
 function for every sample; ``--reward NAME`` uses the registered scorer ``NAME``; ``--reward
 auto`` (the default) uses, for each sample, the scorer its data row names in
 ``metadata["scorer"]`` (the ``rg:`` source writes ``reasoning_gym``, GSM8K rows ``gsm8k``),
-else ``math``.
+else ``math``.  ``--reward`` repeated gives one :class:`Scorer` per name, combined with
+``--reward-weights`` (:mod:`relax_core.stages.reward_mix`).
 
 ``--custom-rm-path`` imports and runs your code with your own rights (the same as running a
 Python script you wrote): it is the lighter alternative to writing a reward plugin, for quick
@@ -16,7 +17,11 @@ experiments.  It is only imported when you pass the flag.
 **Safe scoring** (:func:`score_batch`): one reward per sample, in order, whatever happens.
 A scorer call that raises, returns something other than a finite number or ``None``, kills
 its worker, or runs past ``--reward-timeout`` seconds gives ``None`` for that sample and is
-counted (``reward_errors`` / ``reward_timeouts``); the run goes on.
+counted (``reward_errors`` / ``reward_timeouts``); the run goes on.  A *batched* scorer
+(``RewardScorerSpec.batched``) gets all the samples of a batch that it scores in one call,
+in one worker, with ``--reward-timeout`` for the whole call: a call that raises, times out,
+kills its worker or returns a list of another length fails each of its samples (each
+counted); a value that is not a finite number or ``None`` fails its own sample only.
 
 Why processes, not threads.  Scorers run in a pool of ``--reward-num-workers`` worker
 *processes* (``spawn``), each taking one sample at a time:
@@ -194,10 +199,10 @@ class Scorer:
         return self.resolve(metadata)(response, label, metadata or {})
 
 
-def resolve_scorer(cfg: Any, registry: Any = None) -> Scorer:
-    """The scorer of a run from ``--reward``, ``--custom-rm-path`` and the installed reward
-    scorers.  Builds the fixed scorer once here so that a setup error (missing
-    ``--rm-url``, bad custom path) stops the run before any model loads.
+def resolve_scorers(cfg: Any, registry: Any = None) -> list[Scorer]:
+    """The scorers of a run, one per ``--reward`` in order (one for ``--custom-rm-path``),
+    from the installed reward scorers.  Builds each fixed scorer once here so that a setup
+    error (missing ``--rm-url``, bad custom path) stops the run before any model loads.
 
     Raises:
         RewardSetupError: ``--reward NAME`` together with ``--custom-rm-path``, an unknown
@@ -208,12 +213,13 @@ def resolve_scorer(cfg: Any, registry: Any = None) -> Scorer:
 
         registry = default_registry()
     specs = {name: reg.spec for name, reg in registry.components["reward"].items()}
-    if cfg.custom_rm_path and cfg.reward != "auto":
-        raise RewardSetupError(f"--reward {cfg.reward} and --custom-rm-path {cfg.custom_rm_path} "
+    if cfg.custom_rm_path and tuple(cfg.reward) != ("auto",):
+        raise RewardSetupError(f"--reward {' --reward '.join(cfg.reward)} and --custom-rm-path {cfg.custom_rm_path} "
                                "both choose the scorer: give only one")
-    scorer = Scorer(specs, reward=cfg.reward, custom_rm_path=cfg.custom_rm_path, config=cfg)
-    scorer.check([{}])  # builds the custom, the fixed, or the default scorer
-    return scorer
+    scorers = [Scorer(specs, reward=name, custom_rm_path=cfg.custom_rm_path, config=cfg) for name in cfg.reward]
+    for scorer in scorers:
+        scorer.check([{}])  # builds the custom, the fixed, or the default scorer
+    return scorers
 
 
 def build_processors(cfg: Any, registry: Any = None) -> list[Any]:
@@ -245,13 +251,30 @@ def _as_reward(value: Any) -> float | None:
     raise TypeError(f"scorer returned {value!r} ({type(value).__name__}); expected a float or None")
 
 
+def _batch_rewards(values: Any, n: int) -> list[tuple[float | None, str | None]]:
+    """A batched scorer's return value as ``(reward, None)`` / ``(None, error)`` per sample.
+    Raises ``TypeError`` when it is not a list of ``n`` values."""
+    if not isinstance(values, (list, tuple)) or len(values) != n:
+        got = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
+        raise TypeError(f"batched scorer returned {got} for {n} samples; expected a list of {n} floats or None")
+    out: list[tuple[float | None, str | None]] = []
+    for v in values:
+        try:
+            out.append((_as_reward(v), None))
+        except (TypeError, ValueError) as e:
+            out.append((None, f"{type(e).__name__}: {e}"))
+    return out
+
+
 def _worker_main(conn: Any, payload: bytes) -> None:
     """Worker process: unpickle the scorer, then score one sample per message.
 
-    Messages in: ``(i, response, label, metadata)`` or ``None`` (stop).
-    Messages out: ``("ready",)`` / ``("fatal", text)`` once, then per sample
+    Messages in: ``(i, response, label, metadata)`` or ``None`` (stop); for a batched
+    scorer ``i`` is a tuple of sample indices and the others are lists (one call).
+    Messages out: ``("ready",)`` / ``("fatal", text)`` once, then per task
     ``("start", i)`` (the timed call begins) and ``("done", i, reward)`` or
-    ``("error", i, text)``.
+    ``("error", i, text)``; a batch's reward is a list of ``(reward, None)`` or
+    ``(None, error text)`` pairs, one per sample.
 
     A terminal's Ctrl-C sends SIGINT to the whole foreground process group, workers
     included: a worker ignores it (the parent finishes the step with every sample scored,
@@ -277,13 +300,16 @@ def _worker_main(conn: Any, payload: bytes) -> None:
             return
         i, response, label, metadata = msg
         try:
-            fn = scorer.resolve(metadata) if isinstance(scorer, Scorer) else scorer
+            # a batch's samples share one scorer (ScoringPool._tasks groups them by name)
+            first = metadata[0] if isinstance(i, tuple) else metadata
+            fn = scorer.resolve(first) if isinstance(scorer, Scorer) else scorer
         except Exception as e:  # noqa: BLE001
             conn.send(("error", i, f"building the scorer failed: {type(e).__name__}: {e}"))
             continue
         conn.send(("start", i))
         try:
-            conn.send(("done", i, _as_reward(fn(response, label, metadata))))
+            conn.send(("done", i, _batch_rewards(fn(response, label, metadata), len(i)) if isinstance(i, tuple)
+                       else _as_reward(fn(response, label, metadata))))
         except Exception as e:  # noqa: BLE001
             conn.send(("error", i, f"{type(e).__name__}: {e}"))
 
@@ -297,7 +323,7 @@ class _Worker:
     process: Any
     conn: Any
     ready: bool = False
-    task: int | None = None
+    task: int | tuple[int, ...] | None = None
     deadline: float = math.inf
     started: bool = False
 
@@ -316,6 +342,7 @@ class ScoringPool:
     def __init__(self, scorer: Any, num_workers: int):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self._scorer = scorer
         try:
             self._payload = pickle.dumps(scorer)
         except Exception as e:
@@ -348,6 +375,22 @@ class ScoringPool:
         w.conn.close()
         self._workers[self._workers.index(w)] = self._start()
 
+    def _tasks(self, metadata: Sequence[dict | None]) -> list[int | tuple[int, ...]]:
+        """The calls to make: each sample alone, except that the samples of a batched scorer
+        (``RewardScorerSpec.batched``) make one call, a tuple of their indices."""
+        if not isinstance(self._scorer, Scorer):
+            return list(range(len(metadata)))
+        batches: dict[str, list[int]] = {}
+        out: list[int | tuple[int, ...]] = []
+        for i, m in enumerate(metadata):
+            name = self._scorer.name_for(m)
+            spec = self._scorer.specs.get(name)
+            if getattr(spec, "batched", False):
+                batches.setdefault(name, []).append(i)
+            else:
+                out.append(i)
+        return [tuple(b) for b in batches.values()] + out
+
     def score(self, responses: Sequence[str], labels: Sequence[Any], metadata: Sequence[dict | None],
               timeout: float) -> tuple[list[float | None], dict[str, int]]:
         """Score every sample (see :func:`score_batch`)."""
@@ -358,22 +401,27 @@ class ScoringPool:
         stats = {"reward_errors": 0, "reward_timeouts": 0}
         first_error: list[str] = []
 
-        def fail(i: int, kind: str, text: str) -> None:
-            stats[kind] += 1
-            if not first_error:
-                first_error.append(f"sample {i}: {text}")
+        def fail(task: int | tuple[int, ...], kind: str, text: str) -> None:
+            for i in task if isinstance(task, tuple) else (task,):
+                stats[kind] += 1
+                if not first_error:
+                    first_error.append(f"sample {i}: {text}")
 
         with self._lock:
             if self.closed:
                 raise RewardSetupError("this scoring pool is closed")
-            todo = deque(range(n))
+            todo = deque(self._tasks(metadata))
             while todo or any(w.task is not None for w in self._workers):
                 now = time.monotonic()
                 for w in list(self._workers):
                     while w.ready and w.task is None and todo:
                         i = todo.popleft()
                         try:
-                            w.conn.send((i, responses[i], labels[i], dict(metadata[i] or {})))
+                            if isinstance(i, tuple):  # one call of a batched scorer
+                                w.conn.send((i, [responses[j] for j in i], [labels[j] for j in i],
+                                             [dict(metadata[j] or {}) for j in i]))
+                            else:
+                                w.conn.send((i, responses[i], labels[i], dict(metadata[i] or {})))
                         except (BrokenPipeError, ConnectionResetError):  # died while idle: retry elsewhere
                             todo.appendleft(i)
                             self._replace(w)
@@ -410,7 +458,12 @@ class ScoringPool:
                         w.started, w.deadline = True, time.monotonic() + timeout
                     else:
                         kind, i, value = msg
-                        if kind == "done":
+                        if kind == "done" and isinstance(i, tuple):
+                            for j, (r, err) in zip(i, value):
+                                rewards[j] = r
+                                if err is not None:
+                                    fail(j, "reward_errors", err)
+                        elif kind == "done":
                             rewards[i] = value
                         else:
                             fail(i, "reward_errors", value)
@@ -487,7 +540,7 @@ def score_batch(scorer: Any, responses: Sequence[str], labels: Sequence[Any],
     """Score a batch: one reward per sample, in order.
 
     Args:
-        scorer: a :class:`Scorer` (from :func:`resolve_scorer`) or a picklable callable
+        scorer: a :class:`Scorer` (from :func:`resolve_scorers`) or a picklable callable
             ``(response, label, metadata) -> float | None``.
         responses / labels / metadata: per-sample, length ``B`` each.
         prompts: optional prompt texts (length ``B``), given to the scorers as
@@ -536,10 +589,12 @@ def apply_processors(processors: Sequence[Any], batch: RewardBatch) -> RewardBat
     """Apply reward post-processors in order (``--reward-processor``, repeatable).
 
     Each ``process(RewardBatch) -> RewardBatch`` must keep the batch size ``B``: rewards
-    float ``[B]`` (NaN = unscored), ``keep`` bool ``[B]``.
+    float ``[B]`` (NaN = unscored), ``keep`` bool ``[B]``, and leave ``raw_rewards`` (the
+    scorer's) as it found them.
 
     Raises:
-        TypeError / ValueError: a processor returned something else, naming it.
+        TypeError / ValueError: a processor returned something else, or changed
+            ``raw_rewards``, naming it.
     """
     import torch
 
@@ -555,5 +610,11 @@ def apply_processors(processors: Sequence[Any], batch: RewardBatch) -> RewardBat
         if not out.rewards.is_floating_point() or out.keep.dtype != torch.bool:
             raise TypeError(f"reward processor {name} returned rewards {out.rewards.dtype} / keep "
                             f"{out.keep.dtype}; expected a float tensor and a bool tensor")
+        if out.raw_rewards is not batch.raw_rewards and not (
+                out.raw_rewards.shape == batch.raw_rewards.shape
+                and torch.equal(out.raw_rewards.isnan(), batch.raw_rewards.isnan())
+                and torch.equal(out.raw_rewards.nan_to_num(), batch.raw_rewards.nan_to_num())):
+            raise ValueError(f"reward processor {name} changed raw_rewards (the scorer's rewards, read-only): "
+                             "change rewards instead")
         batch = out
     return batch

@@ -43,10 +43,12 @@ import torch
 
 from relax_core.batch import Batch
 from relax_core.contracts import RewardBatch, SamplingParams
-from relax_core.data import DataCursor, Dataset, encode_prompts
+from relax_core.data import Dataset, encode_prompts
 from relax_core.evaluation.metrics import sample_metrics
 from relax_core.numerics import ZERO_STD_TOL, group_stats
+from relax_core.stages.reward_mix import step_metrics
 from relax_core.stages.rewarding import apply_processors, mean_over_rounds
+from relax_core.sampling import PromptResults
 
 def sampling_seed(seed: int, step: int, round_: int = 0) -> int:
     """Per-step generation seed, so a resumed run samples exactly what the original did."""
@@ -208,9 +210,9 @@ def _cpu_copy(weights: Any) -> Any:
 
 
 class Rollout:
-    """One step's scored batch: prompts from the data cursor, samples from the engine,
-    rewards from the scorer, then the post-processors (more rounds when a post-processor
-    drops groups and may ask for more).
+    """One step's scored batch: prompts from the sampler (``comps.sampler``, which then
+    observes their raw rewards), samples from the engine, rewards from the scorer, then the
+    post-processors (more rounds when a post-processor drops groups and may ask for more).
 
     Args:
         cfg: the run config.
@@ -224,7 +226,7 @@ class Rollout:
         self.c = comps
         self.data = data
         self.publisher = publisher
-        self.cursor = DataCursor(len(data), cfg.seed)
+        self.sampler = comps.sampler
         self.tokenizer = comps.engine.tokenizer
         self._prompt_cache: dict[int, tuple[str, list[int]]] = {}
 
@@ -268,9 +270,10 @@ class Rollout:
 
     def post_process(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Run the post-processors in order; drop the samples they do not keep."""
-        rb = RewardBatch(rewards=batch.rewards.clone(), group_index=batch.group_index,
-                         response_lengths=batch.response_lengths, truncated=batch.truncated,
-                         responses=batch.responses, keep=torch.ones(batch.size, dtype=torch.bool))
+        rb = RewardBatch(rewards=batch.rewards.clone(), raw_rewards=batch.rewards.clone(),
+                         group_index=batch.group_index, response_lengths=batch.response_lengths,
+                         truncated=batch.truncated, responses=batch.responses,
+                         keep=torch.ones(batch.size, dtype=torch.bool))
         rb = apply_processors(self.c.processors, rb)
         batch = batch.replace(rewards=rb.rewards.float())
         if not bool(rb.keep.all()):
@@ -286,6 +289,7 @@ class Rollout:
         metrics: dict[str, float] = {"rollout/reward_errors": 0.0, "rollout/reward_timeouts": 0.0}
         n_groups, gen_tokens, t_gen = 0, 0, 0.0
         proc_rounds: list[dict[str, float]] = []
+        score_rounds: list[dict[str, float]] = []
         for r in range(rounds):
             t0 = time.monotonic()
             if cfg.load_debug_rollout_data:
@@ -295,7 +299,7 @@ class Rollout:
                                             f"{cfg.load_debug_rollout_data}")
                 batch = Batch.load(base)
             else:
-                indices = self.cursor.take(cfg.rollout_batch_size)
+                indices = self.sampler.take(cfg.rollout_batch_size)
                 batch = self.generate(self.data.rows, indices, cfg.n_samples_per_prompt,
                                       self.sampling(sampling_seed(cfg.seed, step, r)),
                                       group_offset=(step * rounds + r) * cfg.rollout_batch_size)
@@ -305,8 +309,8 @@ class Rollout:
                 t0 = time.monotonic()
                 batch, score_metrics = self.score(batch)
                 metrics["perf/reward_time"] = metrics.get("perf/reward_time", 0.0) + time.monotonic() - t0
-                for k, v in score_metrics.items():
-                    metrics[k] = metrics.get(k, 0.0) + v
+                score_rounds.append(score_metrics)
+                self.sampler.observe(PromptResults(batch.prompt_index, batch.rewards, batch.group_index))
             if cfg.save_debug_rollout_data and r == 0:
                 batch.save(replay_path(cfg.save_debug_rollout_data, step))
             generated.append(batch)
@@ -316,6 +320,7 @@ class Rollout:
             n_groups += int(torch.unique(batch.group_index).numel()) if batch.size else 0
             if n_groups >= cfg.rollout_batch_size or cfg.load_debug_rollout_data:
                 break
+        metrics.update(step_metrics(score_rounds))
         metrics.update(mean_over_rounds(proc_rounds))  # the whole step, not its last round
         batch = Batch.concat([b for b in kept if b.size] or kept[:1], self.tokenizer.pad_token_id or 0)
         if n_groups > cfg.rollout_batch_size:  # keep the first rollout_batch_size groups
@@ -323,6 +328,7 @@ class Rollout:
             batch = batch.select([i for i, g in enumerate(batch.group_index.tolist()) if g in first])
         metrics.update(rollout_metrics(batch, generated))
         metrics.update(staleness_metrics(batch.weight_version, step))
+        metrics.update(self.sampler.metrics())
         if hasattr(self.c.engine, "restarts"):
             metrics["rollout/engine_restarts"] = float(self.c.engine.restarts)
         metrics["perf/rollout_time"] = t_gen
@@ -367,15 +373,15 @@ class SyncSource:
         return self.rollout.produce(step)
 
     def cursor_state(self) -> dict:
-        """What a checkpoint saves of the rollout side: the data cursor after the last batch
-        handed to the trainer (``cursor``) and the data's fingerprint (``data``,
-        :func:`relax_core.data.data_fingerprint`)."""
-        return {"cursor": self.rollout.cursor.state(), "data": self.rollout.data.fingerprint}
+        """What a checkpoint saves of the rollout side: the sampler's state after the last
+        batch handed to the trainer (``cursor``, :meth:`relax_core.sampling.Sampler.state`)
+        and the data's fingerprint (``data``, :func:`relax_core.data.data_fingerprint`)."""
+        return {"cursor": self.rollout.sampler.state(), "data": self.rollout.data.fingerprint}
 
     def load_cursor(self, state: dict, *, allow_other_data: bool = False) -> None:
-        """Restore the data cursor from :meth:`cursor_state`'s ``cursor`` (see
-        :meth:`relax_core.data.DataCursor.load`)."""
-        self.rollout.cursor.load(state, allow_other_data=allow_other_data)
+        """Restore the sampler from :meth:`cursor_state`'s ``cursor`` (see
+        :meth:`relax_core.sampling.Sampler.load`)."""
+        self.rollout.sampler.load(state, allow_other_data=allow_other_data)
 
     def exclusive(self) -> contextlib.AbstractContextManager:
         """Hold the engine for another use (evaluation)."""
@@ -416,7 +422,7 @@ class AsyncSource(SyncSource):
                 with pub.lock:
                     push = pub.push_posted()
                     batch, metrics = self.rollout.produce(j)
-                    cursor = self.rollout.cursor.state()
+                    cursor = self.rollout.sampler.state()
                 metrics["perf/rollout_idle_time"] = idle
                 metrics["perf/update_weights_time"] = push
                 self._put((j, batch, metrics, cursor))
@@ -434,7 +440,7 @@ class AsyncSource(SyncSource):
     def next(self, step: int) -> tuple[Batch, dict[str, float]]:
         """The buffered batch of ``step`` (starting the rollout thread on first use)."""
         if self._thread is None:
-            self._trained_cursor = self.rollout.cursor.state()
+            self._trained_cursor = self.rollout.sampler.state()
             self._thread = threading.Thread(target=self._produce_loop, args=(step, self.rollout.cfg.num_rollout),
                                             name="relax-rollout", daemon=True)
             self._thread.start()

@@ -400,6 +400,9 @@ def check_reward_scorer(spec: Any, params: Any, cfg: Any, checks: Checks) -> Non
         require(callable(fn), "the factory must return fn(response, label, metadata) -> float | None")
     if fn is None:
         return
+    if getattr(spec, "batched", False):
+        _check_batched_scorer(fn, checks)
+        return
     for response, label, meta in _SCORER_CASES:
         with checks.check(f"score({response[:20]!r}, {label!r})"):
             try:
@@ -408,6 +411,28 @@ def check_reward_scorer(spec: Any, params: Any, cfg: Any, checks: Checks) -> Non
                 require(str(e).strip(), "raised ValueError without a message")
                 continue
             require(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)), f"returned {v!r}; expected a finite float or None")
+
+
+def _check_batched_scorer(fn: Any, checks: Checks) -> None:
+    """A batched scorer: one list of finite floats or ``None`` per call, in order, and each
+    sample's reward independent of its batch-mates (padding, batch statistics): the whole
+    batch scored at once equals each sample scored alone (to 1e-4, float32 batching)."""
+    responses, labels, metas = (list(x) for x in zip(*_SCORER_CASES))
+    together = None
+    with checks.check("score a batch"):
+        together = fn(responses, labels, [dict(m) for m in metas])
+        require(isinstance(together, list) and len(together) == len(responses),
+                f"returned {together!r}; expected a list of {len(responses)} floats or None")
+        for v in together:
+            require(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)),
+                    f"returned {v!r} in its list; expected finite floats or None")
+    if together is None:
+        return
+    with checks.check("a sample's reward does not depend on its batch"):
+        alone = [fn([r], [lab], [dict(m)])[0] for r, lab, m in zip(responses, labels, metas)]
+        for r, a, b in zip(responses, together, alone):
+            require((a is None) == (b is None) and (a is None or abs(a - b) <= 1e-4 * max(1.0, abs(b))),
+                    f"{r[:20]!r} scores {a} in the batch but {b} alone")
 
 
 def check_reward_processor(spec: Any, params: Any, cfg: Any, checks: Checks) -> None:

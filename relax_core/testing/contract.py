@@ -96,6 +96,10 @@ def check_contract(spec: ComponentSpec, params: Any = None, *, config: RunConfig
             from relax_core.testing.components import check_reward_processor
 
             check_reward_processor(spec, params, config, checks)
+        elif kind == "sampler":
+            from relax_core.testing.samplers import check_sampler
+
+            check_sampler(spec, params, config, checks)
     checks.raise_if_failed()
 
 

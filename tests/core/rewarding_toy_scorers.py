@@ -66,3 +66,39 @@ def build_needs_url(params, config):
 def echo_prompt(response, label, metadata):
     """1 if the prompt the scorer sees is the label."""
     return float(metadata.get("prompt") == label)
+
+
+def length(response, label, metadata):
+    """The response's length in characters; unscored (None) when it is empty."""
+    return float(len(response)) if response else None
+
+
+def build_length(params, config):
+    return length
+
+
+def batch_len(responses, labels, metadata):
+    """Batched: 100 × (samples in this call) + the response's length, so a test sees how many
+    samples each call got; a response 'bad' gets a string, 'nan' a NaN."""
+    special = {"bad": "x", "nan": float("nan")}
+    return [special.get(r, 100.0 * len(responses) + len(r)) for r in responses]
+
+
+def build_batch_len(params, config):
+    return batch_len
+
+
+def batch_wrong_length(responses, labels, metadata):
+    return [1.0]
+
+
+def build_batch_wrong_length(params, config):
+    return batch_wrong_length
+
+
+def batch_sleep(responses, labels, metadata):
+    time.sleep(3600)
+
+
+def build_batch_sleep(params, config):
+    return batch_sleep

@@ -14,7 +14,7 @@ from relax_core.config import RunConfig
 from relax_core.data import load_dataset
 from relax_core.host.plugins import default_registry
 from relax_core.host.reward_check import RewardWatch
-from relax_core.stages.rewarding import resolve_scorer
+from relax_core.stages.rewarding import resolve_scorers
 from relax_core.host.validation import resolve
 
 runner = CliRunner()
@@ -43,7 +43,7 @@ def test_numeric_file_labels_score_a_naturally_written_correct_answer(arith):
     cfg = RunConfig(data=str(arith), advantage_estimator="rloo", calculate_per_token_loss=True)
     reg = default_registry()
     row = load_dataset(cfg.data, cfg, reg).rows[0]
-    scorer = resolve_scorer(cfg, reg)
+    (scorer,) = resolve_scorers(cfg, reg)
     assert scorer.name_for(row["metadata"]) == "gsm8k"
     assert scorer("4 + 9 = 13", row["label"], row["metadata"]) == 1.0
     assert scorer("4 + 9 = 12", row["label"], row["metadata"]) == 0.0
@@ -88,13 +88,13 @@ def test_dry_run_warns_when_only_a_boxed_answer_scores_and_the_prompt_asks_for_n
 
 
 def _watch(rewards_per_call, arith, reward="math"):
-    cfg = RunConfig(data=str(arith), reward=reward)
+    cfg = RunConfig(data=str(arith), reward=(reward,))
     reg = default_registry()
     rows = load_dataset(cfg.data, cfg, reg).rows
-    scorer = resolve_scorer(cfg, reg)
+    (scorer,) = resolve_scorers(cfg, reg)
     calls = iter(rewards_per_call)
     seen = []
-    watch = RewardWatch(lambda *a: (next(calls), {}), scorer, notify=seen.append)
+    watch = RewardWatch(lambda *a: (next(calls), {}), [scorer], notify=seen.append)
     for _ in rewards_per_call:
         watch(["4 + 9 = 13"] * 2, [rows[0]["label"]] * 2, [rows[0]["metadata"]] * 2, ["p"] * 2)
     return seen

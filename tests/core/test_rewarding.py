@@ -17,7 +17,7 @@ from relax_core import RewardScorerSpec
 from relax_core.config import RunConfig
 from relax_core.host.plugins import load_registry
 from relax_core.stages.rewarding import (RewardSetupError, Scorer, ScoringPool, _pool_for, load_custom_scorer,
-                                  resolve_scorer, score_batch, shutdown_pools)
+                                  resolve_scorers, score_batch, shutdown_pools)
 
 
 # a bug in the pool would hang rather than fail: bound every test
@@ -116,7 +116,7 @@ def test_unpicklable_scorer_is_a_setup_error():
 
 def test_scorer_auto_uses_the_rows_scorer_else_math():
     reg = _toy_registry()
-    scorer = resolve_scorer(RunConfig(), reg)
+    (scorer,) = resolve_scorers(RunConfig(), reg)
     assert [scorer.name_for(m) for m in ({"scorer": "boom"}, {}, None)] == ["boom", "math", "math"]
     rewards, stats = score_batch(scorer, ["1", "1", "0"], ["1", "1", "1"], [{"scorer": "exact"}, {"scorer": "boom"}, {}],
                                  timeout=5, num_workers=2)
@@ -127,13 +127,13 @@ def test_scorer_auto_uses_the_rows_scorer_else_math():
 
 def test_scorer_fixed_name_and_custom_path():
     reg = _toy_registry()
-    fixed = resolve_scorer(RunConfig(reward="boom"), reg)
+    (fixed,) = resolve_scorers(RunConfig(reward=("boom",)), reg)
     assert fixed.name_for({"scorer": "exact"}) == "boom"
-    custom = resolve_scorer(RunConfig(custom_rm_path="rewarding_toy_scorers:exact"), reg)
+    (custom,) = resolve_scorers(RunConfig(custom_rm_path="rewarding_toy_scorers:exact"), reg)
     assert custom.name_for({"scorer": "boom"}) == "custom"
     assert score_batch(custom, ["1", "2"], ["1", "1"], [{"scorer": "boom"}, {}], timeout=5, num_workers=1)[0] == [1.0, 0.0]
     with pytest.raises(RewardSetupError, match="give only one"):
-        resolve_scorer(RunConfig(reward="exact", custom_rm_path="rewarding_toy_scorers:exact"), reg)
+        resolve_scorers(RunConfig(reward=("exact",), custom_rm_path="rewarding_toy_scorers:exact"), reg)
 
 
 @pytest.mark.parametrize("path, match", [
@@ -146,18 +146,18 @@ def test_bad_custom_paths(path, match):
     with pytest.raises(RewardSetupError, match=match):
         load_custom_scorer(path)
     with pytest.raises(RewardSetupError, match=match):
-        resolve_scorer(RunConfig(custom_rm_path=path), _toy_registry())
+        resolve_scorers(RunConfig(custom_rm_path=path), _toy_registry())
 
 
 def test_setup_errors_surface_at_resolution():
     reg = _toy_registry()
     with pytest.raises(RewardSetupError, match="'needs_url' cannot be built: ValueError: needs --rm-url"):
-        resolve_scorer(RunConfig(reward="needs_url"), reg)
-    assert resolve_scorer(RunConfig(reward="needs_url", rm_url="http://127.0.0.1:1/"), reg).reward == "needs_url"
+        resolve_scorers(RunConfig(reward=("needs_url",)), reg)
+    assert resolve_scorers(RunConfig(reward=("needs_url",), rm_url="http://127.0.0.1:1/"), reg)[0].reward == "needs_url"
     with pytest.raises(RewardSetupError, match="no reward scorer named 'nope'"):
-        resolve_scorer(RunConfig(reward="nope"), reg)
+        resolve_scorers(RunConfig(reward=("nope",)), reg)
     # a scorer named only by the data is built (checked) before any sample is scored
-    auto = resolve_scorer(RunConfig(), reg)
+    (auto,) = resolve_scorers(RunConfig(), reg)
     with pytest.raises(RewardSetupError, match="'needs_url' cannot be built"):
         auto.check([{}, {"scorer": "needs_url"}])
     with pytest.raises(RewardSetupError, match="'needs_url' cannot be built"):
@@ -174,16 +174,42 @@ def test_scorer_build_time_does_not_count_against_the_timeout():
 def test_scorer_pickles_without_built_functions():
     import pickle
 
-    scorer = resolve_scorer(RunConfig(reward="exact"), _toy_registry())
+    (scorer,) = resolve_scorers(RunConfig(reward=("exact",)), _toy_registry())
     assert scorer._built  # built once at resolution
     clone = pickle.loads(pickle.dumps(scorer))
     assert clone._built == {} and clone("1", "1", {}) == 1.0 and "exact" in clone._built
 
 
+def _batched_registry():
+    specs = [RewardScorerSpec(name=n, summary=n, source="test", factory=f"rewarding_toy_scorers:{f}", batched=b)
+             for n, f, b in (("math", "build_exact", False), ("exact", "build_exact", False),
+                             ("batchy", "build_batch_len", True), ("short", "build_batch_wrong_length", True),
+                             ("sleepy", "build_batch_sleep", True))]
+    return load_registry([("toys", make_plugin(*specs))], entry_points=False)
+
+
+def test_a_batched_scorer_gets_its_samples_in_one_call_beside_per_sample_ones():
+    (scorer,) = resolve_scorers(RunConfig(), _batched_registry())  # auto: each row names its scorer
+    meta = [{"scorer": "batchy"}, {"scorer": "exact"}, {"scorer": "batchy"}, {"scorer": "batchy"}, {"scorer": "exact"}]
+    rewards, stats = score_batch(scorer, ["a", "1", "bbb", "nan", "2"], ["1"] * 5, meta, timeout=5, num_workers=2)
+    # one call of the 3 batchy samples: 300 + length; the NaN is that sample's error only; exact per sample
+    assert rewards == [301.0, 1.0, 303.0, None, 0.0] and stats == {"reward_errors": 1, "reward_timeouts": 0}
+
+
+@pytest.mark.parametrize("name, kind", [("short", "reward_errors"), ("sleepy", "reward_timeouts")])
+def test_a_failed_batched_call_fails_each_of_its_samples(name, kind):
+    (scorer,) = resolve_scorers(RunConfig(reward=(name,)), _batched_registry())
+    rewards, stats = score_batch(scorer, ["a", "b", "c"], ["1"] * 3, [{}] * 3, timeout=1, num_workers=1)
+    assert rewards == [None, None, None] and stats[kind] == 3 and sum(stats.values()) == 3
+    (ok,) = resolve_scorers(RunConfig(reward=("batchy",)), _batched_registry())  # the pool goes on
+    assert score_batch(ok, ["a", "bad"], ["1"] * 2, [{}] * 2, timeout=5, num_workers=1) == \
+        ([201.0, None], {"reward_errors": 1, "reward_timeouts": 0})
+
+
 def test_real_scorers_through_the_pool():
     relax_math = pytest.importorskip("relax_math.plugin")
     reg = load_registry([("math", relax_math)], entry_points=False)
-    scorer = resolve_scorer(RunConfig(), reg)
+    (scorer,) = resolve_scorers(RunConfig(), reg)
     responses = ["\\boxed{\\frac{1}{2}}", "\\boxed{0.5}", "so $18 a day", "\\boxed{\\frac{1}{2}", "\\boxed{3}"]
     labels = ["0.5", "\\frac{1}{2}", "#### 18", "\\frac{1}{2}", "see figure"]
     meta = [{}, {"scorer": "math"}, {"scorer": "gsm8k"}, {}, {}]

@@ -80,6 +80,8 @@ def _same(written: str, default: object) -> bool:
         return m is not None and float(m.group(1)) == float(default)
     if default is None:
         return False
+    if isinstance(default, tuple):  # a repeatable flag (--reward auto): its values, comma-separated
+        return written == ", ".join(map(str, default))
     return written == str(default) or written.strip('"') == str(default).strip()
 
 

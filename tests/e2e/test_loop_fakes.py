@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fakes import count_sevens, make_fakes  # noqa: E402
 
 from relax_core.config import RunConfig  # noqa: E402
-from relax_core.data import load_dataset  # noqa: E402
+from relax_core.data import DataCursor, load_dataset  # noqa: E402
 from relax_core.reporting.metrics import read_metrics  # noqa: E402
 from relax_core.run.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED  # noqa: E402
 from relax_core.trainer import OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, Components, Trainer, build_trainer  # noqa: E402
@@ -32,18 +32,20 @@ def _data(tmp: Path, n: int = 6) -> Path:
     return p
 
 
-def make_trainer(tmp: Path, fakes=None, **over) -> tuple[Trainer, object]:
+def make_trainer(tmp: Path, fakes=None, sampler=DataCursor, **over) -> tuple[Trainer, object]:
+    """A trainer on the fakes; ``sampler``: ``fn(num_rows, seed)`` (a sampler factory's result)."""
     kw = dict(data=str(_data(tmp)), output_dir=str(tmp / "runs"), run_name="r", num_rollout=3, rollout_batch_size=2,
               n_samples_per_prompt=4, rollout_max_response_len=6, quiet=True, seed=7, lr=0.5)
     kw.update(over)
     cfg = RunConfig(**kw)
     fakes = fakes or make_fakes(seed=0)
     est = grpo.build(GRPOParams(), cfg)
+    data = load_dataset(cfg.data, cfg)
     comps = Components(engine=fakes.engine, backend=fakes.backend, estimator=est, corrections=[], processors=[],
-                       score=count_sevens)
+                       score=count_sevens, sampler=sampler(len(data), cfg.seed))
     run_dir = tmp / "runs" / "r"
     run_dir.mkdir(parents=True, exist_ok=True)
-    return build_trainer(cfg, comps, load_dataset(cfg.data, cfg), None, run_dir, "ppo_clip", {}), fakes
+    return build_trainer(cfg, comps, data, None, run_dir, "ppo_clip", {}), fakes
 
 
 def test_one_run_writes_metrics_samples_checkpoint_and_final_model(tmp_path):
@@ -121,6 +123,44 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     wa, wc = _final_weights(fa), _final_weights(fc)
     for k in wa:
         torch.testing.assert_close(wa[k], wc[k])
+
+
+def test_difficulty_sampler_state_resumes_exactly(tmp_path):
+    """--sampler difficulty, stopped after step 2 and resumed: the same prompts are drawn at
+    steps 3-5 as in the uninterrupted run (its outcomes and draw count are in the
+    checkpoint), with the same pass-rate histogram; without the restored outcomes they differ."""
+    plugin = pytest.importorskip("relax_difficulty.plugin")
+    spec = plugin.relax_register_samplers()[0]
+    # count_sevens gives fractions < 2: every sample fails, every seen prompt is too hard, and
+    # later steps avoid them (weight 0.01)
+    make = spec.build(plugin.DifficultyParams(pass_threshold=2.0, explore_floor=0.01))
+    over = dict(num_rollout=5, rollout_batch_size=2, data=str(_data(tmp_path / "data", n=10)))
+    a, _ = make_trainer(tmp_path / "a", sampler=make, **over)
+    assert a.run() == EXIT_OK
+    b, _ = make_trainer(tmp_path / "b", sampler=make, save_interval=1, **over)
+    step = b.step
+    b.step = lambda k: (setattr(b, "_interrupted", k == 2), step(k))[1]
+    assert b.run() == EXIT_INTERRUPTED
+    c, _ = make_trainer(tmp_path / "b", sampler=make, resume=True, **over)
+    assert c.run() == EXIT_OK
+
+    def trained(d):
+        return [json.loads(x)["prompt_index"] for x in (d / "runs" / "r" / "trained_prompts.jsonl").read_text().splitlines()]
+
+    assert trained(tmp_path / "b") == trained(tmp_path / "a")
+    ma, mc = read_metrics(tmp_path / "a" / "runs" / "r"), read_metrics(tmp_path / "b" / "runs" / "r")
+    hist = [k for k in ma[0] if k.startswith("sampler/difficulty/")]
+    assert len(hist) == 7 and [[m[k] for k in hist] for m in mc] == [[m[k] for k in hist] for m in ma]
+    assert ma[-1]["sampler/difficulty/seen_frac"] > 0
+    # control: the draws of steps 3-5 depend on the restored outcomes (the same draw count
+    # with no outcomes draws other prompts)
+    state = json.loads((tmp_path / "b" / "runs" / "r" / "checkpoints" / "step_000002" / "trainer_state.json")
+                       .read_text())["cursor"]
+    assert state["draws"] == 2 and len(state["outcomes"]) == 4
+    amnesic = make(10, 7)
+    amnesic.load({**state, "outcomes": {}})
+    later = [p[::4] for p in trained(tmp_path / "a")[2:]]  # each prompt's 4 samples are adjacent
+    assert [amnesic.take(2) for _ in range(3)] != later
 
 
 @pytest.mark.parametrize("interval", [2, 3])
@@ -296,7 +336,7 @@ def test_make_score_gives_the_prompt_to_scorers_as_metadata(tmp_path):
     from relax_core.run.launch import make_score
 
     cfg = RunConfig(reward_timeout=30, reward_num_workers=1)
-    rewards, metrics = make_score(prompt_length, cfg)(["a", "b"], [None, None], [{}, None], ["four", "sixsix"])
+    rewards, metrics = make_score([prompt_length], cfg)(["a", "b"], [None, None], [{}, None], ["four", "sixsix"])
     assert rewards == [4.0, 6.0]
     assert metrics == {"rollout/reward_errors": 0.0, "rollout/reward_timeouts": 0.0}
 

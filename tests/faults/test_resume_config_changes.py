@@ -58,6 +58,7 @@ def _resume(out, *extra):
     ("--bf16", None, "False"),
     ("--train-backend", "megatron", "'torch'"),
     ("--lora-rank", "8", "0"),
+    ("--sampler", "difficulty", "'uniform'"),
 ])
 def test_a_setting_the_checkpoint_cannot_honour_is_refused_before_any_model(saved_run, flag, value, saved):
     out, reached = saved_run

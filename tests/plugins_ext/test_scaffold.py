@@ -13,7 +13,8 @@ from relax_core.authoring.scaffold import KINDS, write_plugin
 
 NAMES = {kind: f"my_{kind}" for kind in KINDS}
 SELECT = {"estimator": "--advantage-estimator", "correction": "--correction", "reward": "--reward",
-          "reward_processor": "--reward-processor", "engine": "--rollout-engine", "backend": "--train-backend"}
+          "reward_processor": "--reward-processor", "engine": "--rollout-engine", "backend": "--train-backend",
+          "sampler": "--sampler"}
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +59,15 @@ def test_dry_run_selects_it(scaffolded, kind):
     out = json.loads(res.stdout)
     assert out["valid"] is True
     origin = f"relax-{name.replace('_', '-')} 0.1.0"
-    if kind in ("estimator", "engine", "backend"):
+    if kind in ("estimator", "engine", "backend", "sampler"):
         assert out["components"][kind] == {"name": name, "origin": origin}
     elif kind == "correction":
         assert out["corrections"] == [{"name": name, "origin": origin}]
     elif kind == "reward_processor":
         assert out["reward_processors"] == [{"name": name, "origin": origin}]
     else:
-        assert out["config"]["reward"] == name
+        assert out["config"]["reward"] == [name]
+        assert out["components"]["reward"] == [{"name": name, "origin": origin}]
     if kind == "estimator":
         assert out["config"]["plugin_params"][name] == {"baseline_scale": 1.0}
 

@@ -84,8 +84,8 @@ def relax_register_reward_processors():
         ),
         RewardProcessorSpec(
             name="zero_variance_filter",
-            summary="DAPO dynamic sampling: drops groups whose rewards are all equal (no learning signal); "
-                    "the loop samples more prompts.",
+            summary="DAPO dynamic sampling: drops groups whose raw (scorer) rewards are all equal, wherever it "
+                    "stands among the processors; the loop samples more prompts.",
             source="Yu et al. 2025, DAPO, §3.2 eq. (11) (dynamic sampling: 0 < |{correct}| < G)",
             factory=factory + "build_zero_variance_filter",
             params=ZeroVarianceParams,

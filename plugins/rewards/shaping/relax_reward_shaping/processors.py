@@ -19,7 +19,11 @@ scaled by ``penalty_factor`` and added to the reward.  L_max = 20, L_cache = 4: 
 
 Dynamic sampling, DAPO §3.2 eq. (11): keep only groups with 0 < |{correct}| < G, i.e.
 (generalised to real-valued rewards) whose rewards are not all equal: max - min > eps
-over the scored samples of the group.  A group with fewer than two scored samples carries
+over the scored samples of the group.  The test is on the **raw** reward (the scorer's,
+``RewardBatch.raw_rewards``), wherever the filter stands among the processors: placed after
+an overlong or length penalty, a filter of the shaped reward would keep an all-wrong group
+of mixed lengths (its penalties differ), whose only signal is "be shorter" (NeMo-RL issue
+#2431).  A group with fewer than two scored samples carries
 no signal either and is dropped.  Metric ``rollout/filtered_group_frac`` = dropped groups /
 groups in the batch.  The training loop refills the batch by sampling more prompts, up to
 ``--max-oversampling-rounds``, and reports the metric over every group generated in the step
@@ -127,7 +131,8 @@ class Clip:
 
 @dataclass(frozen=True)
 class ZeroVarianceFilter:
-    """DAPO dynamic-sampling filter: clears ``keep`` for all-equal groups (module docstring)."""
+    """DAPO dynamic-sampling filter: clears ``keep`` for the groups whose raw rewards are all
+    equal, in any position among the processors (module docstring)."""
 
     eps: float = 1e-6
 
@@ -148,7 +153,7 @@ class ZeroVarianceFilter:
         return dropped, inverse
 
     def process(self, batch: RewardBatch) -> RewardBatch:
-        dropped, inverse = self.zero_variance_groups(batch.rewards, batch.group_index)
+        dropped, inverse = self.zero_variance_groups(batch.raw_rewards, batch.group_index)
         keep = batch.keep & ~dropped[inverse]                              # [B]
         frac = float(dropped.float().mean()) if dropped.numel() else 0.0
         return batch.replace(keep=keep, metrics={**batch.metrics, "rollout/filtered_group_frac": frac})

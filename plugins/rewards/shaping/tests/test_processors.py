@@ -104,6 +104,33 @@ def test_zero_variance_filter_unscored_and_existing_keep():
     assert ZeroVarianceFilter(eps=0.0).process(b).keep[7:9].tolist() == [True, True]
 
 
+def test_zero_variance_filter_tests_the_raw_reward_in_any_position():
+    """NeMo-RL #2431: after an overlong penalty (L_max 20, L_cache 4) an all-wrong group of
+    mixed lengths has shaped rewards 0 - 0 = 0 and 0 - 0.75 = -0.75 (length 19): a filter of
+    the shaped reward keeps it; the raw rewards (0, 0) carry no signal and it is dropped.
+    Group 5: raw 1 and 0 at lengths 10 and 19 is kept (shaped 1 and -0.75)."""
+    over, zv = OverlongPenalty(20, 4), ZeroVarianceFilter()
+    b = batch([0.0, 0.0, 1.0, 0.0], lengths=[10, 19, 10, 19], groups=[4, 4, 5, 5])
+    for order in ([over, zv], [zv, over]):
+        out = apply_processors(order, b)
+        assert out.keep.tolist() == [False, False, True, True]
+        assert out.rewards.tolist() == [0.0, -0.75, 1.0, -0.75] and out.raw_rewards.tolist() == [0.0, 0.0, 1.0, 0.0]
+        assert out.metrics["rollout/filtered_group_frac"] == 0.5
+    shaped = apply_processors([over], b).rewards  # what the filter saw before the fix: group 4 has spread 0.75
+    assert zv.zero_variance_groups(shaped, b.group_index)[0].tolist() == [False, False]
+
+
+def test_a_processor_that_changes_the_raw_rewards_is_refused():
+    class Rewrites:
+        def process(self, batch):
+            return batch.replace(raw_rewards=batch.raw_rewards + 1)
+
+    b = batch([0.0, NAN])
+    assert apply_processors([OverlongPenalty(20, 4)], b).raw_rewards is b.raw_rewards  # NaN kept, untouched
+    with pytest.raises(ValueError, match="Rewrites changed raw_rewards"):
+        apply_processors([Rewrites()], b)
+
+
 def test_apply_processors_in_the_given_order():
     over, clip = OverlongPenalty(20, 4), Clip(0.0, 1.0)
     # rewards 1.5 at lengths 18, 25: penalty then clip = clip([1.0, 0.5]); clip then penalty = [1 - 0.5, 1 - 1]

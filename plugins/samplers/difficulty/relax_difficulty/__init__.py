@@ -1,0 +1,1 @@
+"""The ``difficulty`` prompt sampler for Relax (``--sampler difficulty``)."""

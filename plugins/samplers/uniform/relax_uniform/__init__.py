@@ -1,0 +1,1 @@
+"""The ``uniform`` prompt sampler for Relax (``--sampler uniform``, the default)."""

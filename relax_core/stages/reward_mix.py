@@ -1,0 +1,80 @@
+"""Composite rewards: several ``--reward`` scorers summed with ``--reward-weights``.
+
+    --reward a --reward b --reward-weights 1,0.5      r_i = 1 · r_i^a + 0.5 · r_i^b
+
+Each scorer runs as a single one does (its own pass over the reward worker pool, with
+``--reward-timeout`` and error counting: :func:`relax_core.rewarding.score_batch`); a
+sample that any of them cannot score (``None``: an error, a timeout, or "cannot score") is
+unscored (NaN), never scored as if that part were 0.  The estimator, the post-processors
+and the sampler see the weighted sum (``rollout/raw_reward`` is its mean); each part is
+logged as ``rollout/reward/<name>``, the mean over the samples it scored.  Weights default
+to 1 each.  ``relax eval`` scores with the first ``--reward`` (the task's own scorer).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+#: Score metrics that are counts: summed over the sampling rounds of a step (the others,
+#: per-part means, are averaged over them: :func:`step_metrics`).
+COUNTS = ("rollout/reward_errors", "rollout/reward_timeouts")
+
+
+def weights(cfg: Any) -> tuple[float, ...]:
+    """``--reward-weights``, or 1 for each ``--reward``."""
+    return tuple(cfg.reward_weights) or (1.0,) * len(cfg.reward)
+
+
+def combine(parts: Sequence[Sequence[float | None]], w: Sequence[float]) -> list[float | None]:
+    """Per sample ``Σ_j w_j · parts[j][i]``; ``None`` where any part is ``None``.
+
+    Args:
+        parts: ``J`` lists of ``B`` rewards (one list per scorer, in ``--reward`` order).
+        w: ``J`` weights.
+    """
+    return [None if any(r is None for r in rs) else sum(wj * r for wj, r in zip(w, rs)) for rs in zip(*parts)]
+
+
+def part_metrics(names: Sequence[str], parts: Sequence[Sequence[float | None]]) -> dict[str, float]:
+    """``rollout/reward/<name>``: each part's mean over the samples it scored (NaN if none)."""
+    out = {}
+    for name, rs in zip(names, parts):
+        scored = [r for r in rs if r is not None]
+        out[f"rollout/reward/{name}"] = sum(scored) / len(scored) if scored else math.nan
+    return out
+
+
+def step_metrics(rounds: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The score metrics of a step from those of its sampling rounds: counts
+    (:data:`COUNTS`) summed, the per-part means averaged over the rounds (which are of
+    equal size: :func:`relax_core.rewarding.mean_over_rounds`)."""
+    from relax_core.rewarding import mean_over_rounds
+
+    out = mean_over_rounds([{k: v for k, v in r.items() if k not in COUNTS} for r in rounds])
+    for k in COUNTS:
+        out[k] = sum(r.get(k, 0.0) for r in rounds)
+    return out
+
+
+def problems(cfg: Any) -> list[tuple[str, str, str]]:
+    """``(option, message, fix)`` for every inconsistency of ``--reward`` and
+    ``--reward-weights`` (checked at startup, :mod:`relax_core.validation`)."""
+    out = []
+    names, w = tuple(cfg.reward), tuple(cfg.reward_weights)
+    if not names:
+        out.append(("--reward", "no reward scorer is given", "give --reward NAME (or leave the default, auto)"))
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        out.append(("--reward", f"{', '.join(dup)} given more than once", "give each --reward once (weigh it with "
+                    "--reward-weights instead)"))
+    if w and len(w) != len(names):
+        out.append(("--reward-weights", f"{len(w)} weight(s) ({', '.join(f'{x:g}' for x in w)}) for {len(names)} "
+                    f"--reward scorer(s) ({', '.join(names)})",
+                    f"give one weight per --reward, in their order (e.g. --reward-weights {','.join(['1'] * len(names))})"))
+    bad = [x for x in w if not math.isfinite(x)]
+    if bad:
+        out.append(("--reward-weights", f"non-finite weight(s) {', '.join(map(str, bad))}", "give finite numbers"))
+    elif w and all(x == 0 for x in w):
+        out.append(("--reward-weights", "every weight is 0: every reward would be 0", "give a non-zero weight"))
+    return out
