@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from relax_core.run.exits import EXIT_BAD_INPUT
+from relax_core.specs import KINDS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Relax: plugin-based RL post-training for language models.")
@@ -61,6 +62,8 @@ def train(ctx: typer.Context) -> None:
     except BadInput as e:
         _print_problems(e.problems)
         raise typer.Exit(EXIT_BAD_INPUT)
+    for w in resolved.warnings:
+        typer.echo(f"relax: warning: {w}", err=True)
 
     if ns.dry_run:
         try:  # everything a real run checks before its first model loads, data included
@@ -94,7 +97,7 @@ def _print_dry_run(cfg, resolved, reg) -> None:
     ctx = resolved.context
     chosen = {k: {"name": v.name, "origin": v.origin}
               for k, v in {"estimator": ctx.estimator, "engine": ctx.engine, "backend": ctx.backend,
-                           "sampler": ctx.sampler}.items() if v}
+                           "sampler": ctx.sampler, "environment": ctx.environment}.items() if v}
     if "auto" not in cfg.reward:
         chosen["reward"] = [{"name": r.spec.name, "origin": r.origin}
                             for r in (reg.get("reward", n) for n in cfg.reward)]
@@ -179,8 +182,8 @@ def plugins_show(name: str, kind: Optional[str] = typer.Option(None, help="Disam
     """Show one component: summary, source, parameters with defaults, capabilities."""
     import dataclasses
 
-    from relax_core.host.capabilities import format_value
     from relax_core.config import param_flag
+    from relax_core.host.capabilities import format_value
 
     reg = _registry()
     found = [r for r in reg.find(name) if kind is None or r.spec.kind == kind]
@@ -223,7 +226,7 @@ def plugins_show(name: str, kind: Optional[str] = typer.Option(None, help="Disam
 @plugins_app.command("new")
 def plugins_new(
     name: str = typer.Argument(..., help="Component name, [a-z][a-z0-9_]* (package relax_<name>)."),
-    kind: str = typer.Option(..., "--kind", help="estimator, correction, reward, reward_processor, engine, backend or sampler."),
+    kind: str = typer.Option(..., "--kind", help=", ".join(k.name for k in KINDS if k.scaffold) + "."),
     dest: Optional[str] = typer.Option(None, "--dir", help="Parent directory (default: current)."),
     summary: Optional[str] = typer.Option(None, "--summary", help="One-line description."),
 ) -> None:
@@ -243,7 +246,7 @@ def plugins_new(
 
 @app.command()
 def capabilities(
-    kind: Optional[str] = typer.Option(None, help="estimator, correction, engine, backend, reward_processor, reward, sampler or data_source."),
+    kind: Optional[str] = typer.Option(None, help=", ".join(k.name for k in KINDS) + "."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     markdown: bool = typer.Option(False, "--markdown", help="The docs page (docs/capabilities.md)."),
 ) -> None:

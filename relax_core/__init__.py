@@ -10,13 +10,15 @@ types, :func:`param`, :data:`hookimpl` and :data:`API_VERSION` (importable witho
 and seven modules, imported lazily on first access: ``batch`` (the declared batch fields),
 ``contracts`` (the data contract between stages), ``numerics`` (masked reductions, group statistics, KL, normalisation), ``policy``
 (PPO-clip, REINFORCE, the group advantage stage), ``answers`` (final-answer extraction for
-reward scorers), ``sampling`` (the prompt sampler contract) and ``testing`` (the contract kit).
+reward scorers), ``sampling`` (the prompt sampler contract), ``environments`` (the episode
+contract of environments) and ``testing`` (the contract kit).
 Specs declare the ``api_version`` they were written against; the loader refuses versions it
 does not support.  Everything else in ``relax_core`` is internal and may change.
 """
 
 import importlib as _importlib
 
+from relax_core.hookspecs import hookimpl
 from relax_core.specs import (
     API_VERSION,
     BEHAVIOUR_NUMERATORS,
@@ -25,10 +27,12 @@ from relax_core.specs import (
     CorrectionCapabilities,
     CorrectionSpec,
     DataSourceSpec,
+    DualClipParams,
     EngineCapabilities,
     EngineSpec,
+    EnvironmentCapabilities,
+    EnvironmentSpec,
     EstimatorCapabilities,
-    DualClipParams,
     EstimatorSpec,
     GroupAdvantageParams,
     PPOClipParams,
@@ -40,7 +44,6 @@ from relax_core.specs import (
     SamplingConstraints,
     param,
 )
-from relax_core.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 
@@ -54,6 +57,8 @@ __all__ = [
     "DataSourceSpec",
     "EngineCapabilities",
     "EngineSpec",
+    "EnvironmentCapabilities",
+    "EnvironmentSpec",
     "EstimatorCapabilities",
     "DualClipParams",
     "EstimatorSpec",
@@ -74,10 +79,11 @@ __all__ = [
     "policy",
     "answers",
     "sampling",
+    "environments",
     "testing",
 ]
 
-_LAZY_MODULES = ("batch", "contracts", "numerics", "policy", "answers", "sampling", "testing")
+_LAZY_MODULES = ("batch", "contracts", "numerics", "policy", "answers", "sampling", "environments", "testing")
 
 
 def __getattr__(name: str):

@@ -26,47 +26,23 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from relax_core.run import checkpoint as ckpt
 from relax_core.batch import Batch
 from relax_core.contracts import AdvantageInput
+from relax_core.numerics import masked_normalize
+from relax_core.reporting.metrics import MetricsLogger, non_finite, rewrite_metrics
+from relax_core.run import checkpoint as ckpt
+from relax_core.run.components import Components
 from relax_core.run.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED
 from relax_core.run.interrupts import RunAborted
 from relax_core.stages.loss import ActorLoss, CriticLoss, LossSettings, global_denominators
-from relax_core.reporting.metrics import MetricsLogger, non_finite, rewrite_metrics
-from relax_core.numerics import masked_normalize
 from relax_core.stages.optimizer import OptimizerSettings, optimizer_step
 from relax_core.stages.rollout import AsyncSource, Publisher, Rollout, SyncSource, sample_records
 
 OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, OLD_LOGP_ROLLOUT = 0, 1, 2
 #: per step, the dataset index, group and weight version of every sample trained
 TRAINED_LOG = "trained_prompts.jsonl"
-
-
-@dataclass
-class Components:
-    """The objects of one run, built from the selected specs."""
-
-    engine: Any
-    backend: Any
-    estimator: Any
-    corrections: list[Any]
-    processors: list[Any]
-    score: Callable[[list[str], list[Any], list[dict], list[str]], tuple[list[float | None], dict[str, float]]]
-    """``score(responses, labels, metadata, prompts) -> (one reward or None per sample, metrics)``;
-    the four lists have one entry per sample (``prompts``: the prompt texts as the engine saw them)."""
-    sampler: Any
-    """The training data's :class:`~relax_core.sampling.Sampler` (``--sampler``)."""
-    needs_critic: bool = False
-    processor_resamples: bool = False
-    rollout_fields: frozenset[str] = frozenset()
-    """The rollout-stage fields the selected components require (asked of the engine)."""
-    top_k: int = 0
-    """Width of the top-k head, when ``rollout_fields`` asks for it."""
-    num_critic_only_steps: int = 0
-    adapter_check: Callable[[Batch, int], None] | None = None
-    """With LoRA: called after each push (:class:`relax_core.run.lora.AdapterCheck`)."""
 
 
 @dataclass

@@ -15,8 +15,8 @@ import inspect
 import sys
 from pathlib import Path
 
-from relax_core.host.capabilities import format_value, rows
 from relax_core.config import config_fields, flag_of, param_flag
+from relax_core.host.capabilities import format_value, rows
 from relax_core.host.plugins import Registry, default_registry
 from relax_core.specs import KINDS
 
@@ -26,7 +26,8 @@ _KIND_TITLES = {k.name: k.title for k in KINDS}
 
 #: The hand-written guide section each kind's pages point to (paths relative to the page).
 _GUIDE = {"estimator": "[Algorithms and corrections](../../guide/algorithms.md#values-the-tests-pin)",
-          "correction": "[Algorithms and corrections](../../guide/algorithms.md#corrections)"}
+          "correction": "[Algorithms and corrections](../../guide/algorithms.md#corrections)",
+          "environment": "[Environments](../../guide/environments.md#the-built-in-environments)"}
 
 
 def _bounds(meta) -> str:

@@ -72,6 +72,7 @@ _USAGE = {
     "engine": "    relax capabilities --kind engine\n    relax train --rollout-engine {name} --dry-run\n",
     "backend": "    relax capabilities --kind backend\n    relax train --train-backend {name} --dry-run\n",
     "sampler": "    relax capabilities --kind sampler\n    relax train --sampler {name} --dry-run\n",
+    "environment": "    relax capabilities --kind environment\n    relax train --environment {name} --dry-run\n",
 }
 
 _PLUGIN = {
@@ -222,6 +223,33 @@ def relax_register_samplers():
         source="TODO: paper title and section of the selection rule",
         factory="relax_$name.$impl:build",
         capabilities=SamplerCapabilities(needs_stable_prompt_ids=False),  # True if it keeps per-prompt statistics
+    )]
+'''),
+    "environment": Template('''\
+"""Hook implementations of relax-$dash (registration only: nothing heavy is imported)."""
+
+from dataclasses import dataclass
+
+from relax_core import EnvironmentCapabilities, EnvironmentSpec, hookimpl, param
+
+
+@dataclass(frozen=True)
+class Params:
+    reminder: str = param("Check your answer and give it again.", "The reply to the model's first answer.")
+
+
+@hookimpl
+def relax_register_environments():
+    return [EnvironmentSpec(
+        name="$name",
+        summary=$qsummary,
+        source="TODO: where the task or the interaction protocol comes from",
+        factory="relax_$name.$impl:build",
+        params=Params,
+        capabilities=EnvironmentCapabilities(
+            multi_turn=True,      # two model turns: the engine continues from tokens
+            turn_rewards=False,   # no reward of its own: the run's scorer scores the last answer
+        ),
     )]
 '''),
 }
@@ -471,6 +499,42 @@ class RandomRows(Sampler):
 def build(params, config):
     return RandomRows
 '''),
+    "environment": Template('''\
+"""$docsummary
+
+Episode (TODO: replace with yours): the model answers, the environment replies with a
+reminder (a user message), the model answers again and the episode ends.  It returns no
+reward, so the run's scorer scores the last answer.  The host owns the tokens: it renders
+the reply through the chat template (loss_mask 0) and never re-tokenises the model's turns
+(relax_core.environments).
+"""
+
+from __future__ import annotations
+
+from relax_core.environments import Reply, Turn
+
+
+class Environment:
+    def __init__(self, reminder: str):
+        self.reminder = reminder
+
+    def start(self, row: dict) -> "Episode":
+        return Episode(self.reminder)
+
+
+class Episode:
+    def __init__(self, reminder: str):
+        self.reminder = reminder
+
+    def step(self, turn: Turn) -> Reply:
+        if turn.index == 0:
+            return Reply(messages=({"role": "user", "content": self.reminder},))
+        return Reply(done=True)
+
+
+def build(params, config) -> Environment:
+    return Environment(reminder=params.reminder)
+'''),
 }
 
 _TESTS_COMMON = Template('''\
@@ -583,12 +647,23 @@ def test_draws_by_hand_and_resumes():
     again.load(saved)
     assert again.take(4) == nxt == random.Random("relax-$name:3:1").sample(range(5), 4)
 ''',
+    "environment": '''
+
+def test_episode_by_hand():
+    from relax_core.environments import Turn
+
+    episode = _spec().build().start({"prompt": "What is 2 + 3?", "label": "5", "metadata": {}})
+    first = episode.step(Turn(text="4", index=0))
+    assert not first.done and first.messages == ({"role": "user", "content": "Check your answer and give it again."},)
+    last = episode.step(Turn(text="5", index=1))
+    assert last.done and last.reward is None  # the run's scorer scores "5"
+''',
 }
 
 _HOOKS = {k.name: k.hook for k in SPEC_KINDS}
 _IMPL_NAMES = {"estimator": "estimator", "correction": "correction", "reward": "scorer",
                "reward_processor": "processor", "engine": "engine", "backend": "backend",
-               "sampler": "sampler"}
+               "sampler": "sampler", "environment": "environment"}
 
 
 def write_plugin(kind: str, name: str, dest: str | Path | None = None, summary: str | None = None) -> Path:

@@ -117,8 +117,8 @@ def resolve_target(target: str, checkpoint: str | None, schemas: dict) -> Target
             with something that is not a run, a checkpoint without torch-backend weights,
             a model that cannot load.
     """
-    from relax_core.run.checkpoint import complete_checkpoints
     from relax_core.models import model_problem
+    from relax_core.run.checkpoint import complete_checkpoints
     from relax_core.run.resume import checkpoint_dir
 
     path = Path(target).expanduser()
@@ -350,10 +350,11 @@ def run_eval(target: Target, sets: list[EvalSet], scorer: Any, settings: EvalSet
     step_N>/`` for a run, ``./eval-<model>/`` otherwise).  Returns ``(the eval.json
     content, the output directory)``."""
     from relax_core import __version__
-    from relax_core.run.launch import make_score
     from relax_core.reporting.metrics import git_commit
+    from relax_core.run.components import Components
+    from relax_core.run.launch import make_score
+    from relax_core.stages.episodes import build_runner
     from relax_core.stages.rollout import Publisher, Rollout
-    from relax_core.trainer import Components
 
     cfg = target.cfg
     out_dir = _out_dir(target, out)
@@ -365,8 +366,10 @@ def run_eval(target: Target, sets: list[EvalSet], scorer: Any, settings: EvalSet
             from safetensors.torch import load_file
 
             engine.update_weights(load_file(str(target.weights)), 0)
+        score = make_score([scorer], cfg)
         comps = Components(engine=engine, backend=None, estimator=None, corrections=[], processors=[],
-                           score=make_score([scorer], cfg), sampler=None)  # evaluation draws no training prompts
+                           score=score, sampler=None,  # evaluation draws no training prompts
+                           episodes=build_runner(cfg, reg, engine, score))
         rollout = Rollout(cfg, comps, sets[0].data, Publisher(engine, lambda: None, 1))
         max_len = settings.max_response_len or cfg.rollout_max_response_len
         results, samples = {}, []

@@ -10,7 +10,7 @@ startup validator (:mod:`relax_core.host.validation`), ``relax capabilities`` an
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 
@@ -40,6 +40,13 @@ class Context:
     processors: tuple[Selected, ...] = ()
     sampler: Selected | None = None
     model_is_moe: bool | None = None  # None = not known before loading
+    environment: Selected | None = None
+
+    @property
+    def multi_turn_environment(self) -> str | None:
+        """The selected environment's name when its episodes may have several turns."""
+        env = self.environment
+        return env.name if env is not None and env.caps.multi_turn else None
 
     @property
     def behaviour_numerator(self) -> str | None:
@@ -62,6 +69,8 @@ class Capability:
     """``satisfy(caps) -> run-config values`` under which :attr:`check` accepts ``caps``
     (``{}`` when any config does): the contract kit's configuration (``config_for``) is
     the union of every row's."""
+    warn: bool = False
+    """A violation is printed as a warning at startup instead of refusing the run."""
 
 
 def _sync_reasons(cfg: Any) -> list[str]:
@@ -223,7 +232,25 @@ def _group_problem(ctx: Context, c: Any) -> str | None:
     return None
 
 
-E, C, G, B, P, S = "estimator", "correction", "engine", "backend", "reward_processor", "sampler"
+def _max_context(ctx: Context, c: Any) -> str | None:
+    limit, cfg = c.max_context, ctx.cfg
+    if limit is None or (cfg.max_episode_tokens is not None and cfg.max_episode_tokens <= limit):
+        return None
+    return (f"is designed for at most {limit} tokens per episode, but --max-episode-tokens is "
+            f"{cfg.max_episode_tokens or 'unset (no limit)'}")
+
+
+def _engine_context(ctx: Context, c: Any) -> str | None:
+    env, limit, episode = ctx.multi_turn_environment, c.max_context, ctx.cfg.max_episode_tokens
+    if env is None or limit is None or (episode is not None and episode < limit):
+        return None
+    bound = f"--max-episode-tokens {episode} leaves no room for the prompt" if episode is not None else \
+        "they are bounded only by --max-turns (no --max-episode-tokens)"
+    return (f"accepts at most {limit} tokens of prompt + response, but the episodes of multi-turn environment "
+            f"'{env}' grow with every turn and {bound}")
+
+
+E, C, G, B, P, S, V = "estimator", "correction", "engine", "backend", "reward_processor", "sampler", "environment"
 
 CAPABILITIES: tuple[Capability, ...] = (
     # ---------------------------------------------------------------- estimators
@@ -286,6 +313,12 @@ CAPABILITIES: tuple[Capability, ...] = (
                "remove those --reward-processor options"),
     Capability(E, "requires_fields", "reads", "Batch fields it reads that not every run has.", _fields_check,
                "choose a rollout engine / training backend whose `provides` column lists them (`relax capabilities`)"),
+    Capability(E, "supports_loss_mask_holes", "mask holes", "Correct with holes in loss_mask (environment tokens inside an episode; verified by the contract kit); needed by multi-turn environments.",
+               lambda ctx, c: f"is not declared correct with holes in loss_mask, which the episodes of multi-turn environment '{ctx.multi_turn_environment}' have (its environment tokens)" if ctx.multi_turn_environment and not c.supports_loss_mask_holes else None,
+               "choose an estimator whose `mask holes` column says yes (`relax capabilities --kind estimator`), or --environment single_turn"),
+    Capability(E, "uses_turn_rewards", "turn rewards", "Reads per-turn rewards (turn_rewards); otherwise trains on each episode's return, their sum.",
+               lambda ctx, c: f"does not read per-turn rewards: it trains on each episode's return, the sum of the turn rewards of environment '{ctx.environment.name}' (no per-turn credit)" if ctx.environment and ctx.environment.caps.turn_rewards and not c.uses_turn_rewards else None,
+               "to credit each turn, choose an estimator whose `turn rewards` column says yes", warn=True),
     Capability(E, "metrics", "metrics", "Names of the estimator-specific metrics it reports.", matrix=False),
     # ---------------------------------------------------------------- corrections
     Capability(C, "requires_fields", "reads", "Batch fields it reads that not every run has (engine log-probs, top-k heads, routed experts, a plugin's own).",
@@ -331,6 +364,13 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(G, "supports_stop_strings", "stop", "Supports stop strings.",
                lambda ctx, c: "does not support --rollout-stop" if ctx.cfg.rollout_stop and not c.supports_stop_strings else None,
                "remove --rollout-stop"),
+    Capability(G, "supports_token_continuation", "token-in", "Continues generation from any token-id prefix as given (needed by multi-turn environments).",
+               lambda ctx, c: f"cannot continue generation from token ids, which the episodes of multi-turn environment '{ctx.multi_turn_environment}' need" if ctx.multi_turn_environment and not c.supports_token_continuation else None,
+               "choose a --rollout-engine whose `token-in` column says yes (hf, vllm, sglang), or --environment single_turn"),
+    Capability(G, "supports_prefix_caching", "prefix cache", "Reuses the KV cache of a prefix it has seen (an episode's earlier turns)."),
+    Capability(G, "max_context", "max context", "The most prompt + response tokens of one sequence it accepts; multi-turn episodes must be bounded below it.",
+               _engine_context,
+               "set --max-episode-tokens below the engine's limit minus the longest prompt, or raise the engine's limit (e.g. --vllm-max-model-len)"),
     # ---------------------------------------------------------------- backends
     Capability(B, "devices", "devices", "Devices it trains on.", _dev, "choose another --device or backend"),
     Capability(B, "supports_data_parallel", "DP", "Data parallel over several model replicas (training workers / (TP × CP × PP)).",
@@ -366,6 +406,13 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(S, "needs_stable_prompt_ids", "stable ids", "Keeps per-prompt statistics by dataset index, so an index must name one prompt for the whole run (every data source gives stable indices: the rows are loaded once and fingerprinted; a resume onto changed data does not).",
                lambda ctx, c: "keeps per-prompt statistics by dataset index, but --resume-allow-data-change may continue on other rows, whose indices name other prompts" if c.needs_stable_prompt_ids and ctx.cfg.resume and ctx.cfg.resume_allow_data_change else None,
                "resume with the same --data (drop --resume-allow-data-change), or start a fresh run on the new data"),
+    # ---------------------------------------------------------------- environments
+    Capability(V, "multi_turn", "multi-turn", "Episodes of several model turns: the engine must continue from tokens and the estimator accept mask holes (rows above)."),
+    Capability(V, "tool_format", "tools", "The tool-call format it parses (— = no tools)."),
+    Capability(V, "turn_rewards", "turn rewards", "Gives a reward per turn (the episode reward is their sum)."),
+    Capability(V, "scores_turns", "scores turns", "Receives the run's scorer's score of every model turn."),
+    Capability(V, "max_context", "max context", "The most tokens per episode it is designed for (needs --max-episode-tokens at most that).",
+               _max_context, "set --max-episode-tokens to at most the environment's max context"),
 )
 
 

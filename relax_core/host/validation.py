@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relax_core.host.capabilities import CAPABILITIES, Context, Selected
 from relax_core.config import DEFAULT_MODEL, RunConfig, check_bounds, config_fields, param_flag, value_problems
 from relax_core.data import GSM8K_SCHEME, data_sources, parse_data
+from relax_core.host.capabilities import CAPABILITIES, Context, Selected
 from relax_core.host.plugins import PluginError, Registry
 from relax_core.run.lora import lora_problems
 from relax_core.stages.reward_mix import problems as reward_mix_problems
@@ -49,6 +49,8 @@ class Resolved:
 
     context: Context
     specs: dict[str, Any]  # "estimator" -> spec, "correction:tis" -> spec, ...
+    warnings: tuple[Problem, ...] = ()
+    """Capability rows declared ``warn`` that this run violates (printed, not refused)."""
 
 
 def model_is_moe(model: str) -> bool | None:
@@ -243,6 +245,7 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
     engine, specs["engine"] = _select(reg, "engine", cfg.rollout_engine, cfg, problems)
     backend, specs["backend"] = _select(reg, "backend", cfg.train_backend, cfg, problems)
     sampler, specs["sampler"] = _select(reg, "sampler", cfg.sampler, cfg, problems)
+    env, specs["environment"] = _select(reg, "environment", cfg.environment, cfg, problems)
     corrections, processors = [], []
     for name in cfg.correction:
         sel, specs[f"correction:{name}"] = _select(reg, "correction", name, cfg, problems)
@@ -259,7 +262,9 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
             rewards += [sel] if sel else []
     corrections.sort(key=lambda s: s.caps.order)
     ctx = Context(cfg=cfg, estimator=est, corrections=tuple(corrections), engine=engine, backend=backend,
-                  processors=tuple(processors), sampler=sampler, model_is_moe=model_is_moe(cfg.model))
+                  processors=tuple(processors), sampler=sampler, model_is_moe=model_is_moe(cfg.model),
+                  environment=env)
+    warnings: list[Problem] = []
 
     for cap in CAPABILITIES:
         if cap.check is None:
@@ -271,20 +276,21 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
             "backend": [backend] if backend else [],
             "reward_processor": list(processors),
             "sampler": [sampler] if sampler else [],
+            "environment": [env] if env else [],
         }[cap.kind]
         for sel in targets:
             msg = cap.check(ctx, sel.caps)
             if msg:
-                problems.append(Problem(sel.label, cap.field, f"{sel.name} {msg}", cap.fix))
-    for sel in [s for s in (est, engine, backend, sampler) if s] + corrections + processors + rewards:
+                (warnings if cap.warn else problems).append(Problem(sel.label, cap.field, f"{sel.name} {msg}", cap.fix))
+    for sel in [s for s in (est, engine, backend, sampler, env) if s] + corrections + processors + rewards:
         # a parameter schema may define problems() -> [(message, fix)] for constraints across
         # its fields (e.g. tis: --tis-clip-low <= --tis-clip); checked only for selected components
         check = getattr(cfg.params_for(sel.name), "problems", None)
         problems += [Problem(sel.label, "parameters", f"{sel.name}: {msg}", fix) for msg, fix in (check() if callable(check) else ())]
-    chosen = {(s.kind, s.name) for s in [est, engine, backend, sampler, *corrections, *processors, *rewards] if s}
+    chosen = {(s.kind, s.name) for s in [est, engine, backend, sampler, env, *corrections, *processors, *rewards] if s}
     problems += unread_parameters(cfg, reg, chosen)
     problems += [Problem("plugins", "duplicate component", p, "") for p in reg.problems]
-    return Resolved(ctx, specs), problems
+    return Resolved(ctx, specs, tuple(warnings)), problems
 
 
 def validate(cfg: RunConfig, reg: Registry) -> Resolved:

@@ -21,9 +21,9 @@ import json
 import math
 import subprocess
 import time
-import time
 from pathlib import Path
 from typing import Any
+
 
 def _clean(v: Any) -> Any:
     """JSON-safe value: non-finite floats become strings ("nan", "inf")."""

@@ -23,9 +23,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from relax_core.run.checkpoint import format_size, latest_checkpoint, run_disk_usage
 from relax_core.reporting.metrics import read_metrics
 from relax_core.reporting.progress import clock
+from relax_core.run.checkpoint import format_size, latest_checkpoint, run_disk_usage
 
 REWARD = "rollout/raw_reward"
 

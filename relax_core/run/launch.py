@@ -20,8 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relax_core.run.exits import (EXIT_ADAPTER_NOT_REACHED, EXIT_BAD_INPUT, EXIT_CHECKPOINT_FAILED, EXIT_INTERRUPTED,
-                                   EXIT_WORKER_DIED)
+from relax_core.run.exits import (
+    EXIT_ADAPTER_NOT_REACHED,
+    EXIT_BAD_INPUT,
+    EXIT_CHECKPOINT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_WORKER_DIED,
+)
 from relax_core.run.lora import AdapterCheck, AdapterNotReached
 
 
@@ -61,7 +66,8 @@ def configure(args: list[str], reg: Any) -> tuple[Any, Any, Any]:
     names = lambda kind: sorted(reg.components.get(kind, {}))  # noqa: E731
     choices = {"advantage_estimator": names("estimator"), "correction": names("correction"),
                "reward": ["auto", *names("reward")], "reward_processor": names("reward_processor"),
-               "rollout_engine": names("engine"), "train_backend": names("backend"), "sampler": names("sampler")}
+               "rollout_engine": names("engine"), "train_backend": names("backend"), "sampler": names("sampler"),
+               "environment": names("environment")}
     try:
         cli, config_path, ns = parse_cli(list(args), schemas, choices=choices)
         yaml_values = load_yaml(config_path) if config_path else {}
@@ -137,11 +143,11 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
     Raises:
         BadInput: listing the problems, each with its fix.
     """
-    from relax_core.run import checkpoint as ckpt
     from relax_core.data import DataError, exclude_eval_prompts, fingerprint_change, load_dataset
-    from relax_core.models import model_problem
-    from relax_core.run.resume import checkpoint_dir, holds_run
     from relax_core.host.reward_check import label_check
+    from relax_core.models import model_problem
+    from relax_core.run import checkpoint as ckpt
+    from relax_core.run.resume import checkpoint_dir, holds_run
     from relax_core.stages.rewarding import RewardSetupError, resolve_scorers
 
     problems = [p for p in [model_problem(cfg.model)] if p]
@@ -250,8 +256,8 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     checkpoint that cannot be written gives one line naming the previous (intact)
     checkpoint and exit 5.
     """
-    from relax_core.run import checkpoint as ckpt
     from relax_core.reporting import progress
+    from relax_core.run import checkpoint as ckpt
     from relax_core.run.resume import checkpoint_dir
 
     # transformers' "Loading weights" / "Writing model shards" bars: read at its import by
@@ -305,10 +311,12 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
 
     from relax_core.batch import FIELDS
     from relax_core.config import config_to_dict
-    from relax_core.stages.rewarding import build_processors
-    from relax_core.reporting.metrics import git_commit
     from relax_core.host.reward_check import RewardWatch
-    from relax_core.trainer import Components, build_trainer
+    from relax_core.reporting.metrics import git_commit
+    from relax_core.run.components import Components
+    from relax_core.stages.episodes import build_runner
+    from relax_core.stages.rewarding import build_processors
+    from relax_core.trainer import build_trainer
 
     random.seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
@@ -356,9 +364,10 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
         backend.setup(needs_ref=needs_ref, needs_critic=est_caps.needs_critic,
                       needs_top_k=top_k > 0, routing_replay=routed, critic_settings=critic_settings)
 
+    score = RewardWatch(make_score(scorers, cfg), scorers, notify=display.message)
     comps = Components(
         engine=engine, backend=backend, estimator=estimator, corrections=corrections, processors=processors,
-        score=RewardWatch(make_score(scorers, cfg), scorers, notify=display.message), sampler=sampler,
+        score=score, sampler=sampler, episodes=build_runner(cfg, reg, engine, score),
         needs_critic=est_caps.needs_critic,
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
         rollout_fields=rollout_fields, top_k=top_k,

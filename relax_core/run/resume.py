@@ -30,8 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from relax_core.run import checkpoint as ckpt
 from relax_core.config import ConfigError, RunConfig, build_config, config_fields, flag_of, param_flag
+from relax_core.run import checkpoint as ckpt
 
 #: Options that describe this invocation, not the run: never taken from config.json.
 PER_INVOCATION = ("resume", "resume_allow_data_change", "force")

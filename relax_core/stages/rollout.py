@@ -1,6 +1,7 @@
 """The rollout side of the loop: where scored batches come from and where weights go.
 
-    Rollout          prompts → engine → scorer → post-processors  (one step's scored batch)
+    Rollout          prompts → episodes (engine turns, environment replies: relax_core.stages.episodes)
+                     → scorer → post-processors  (one step's scored batch)
     SyncSource       the batch of step k, made when the trainer asks for it
     AsyncSource      batches of steps k+1, k+2, … made by a thread while step k trains
                      (--fully-async, bounded staleness)
@@ -44,11 +45,14 @@ import torch
 from relax_core.batch import Batch
 from relax_core.contracts import RewardBatch, SamplingParams
 from relax_core.data import Dataset, encode_prompts
+from relax_core.environments import prompt_of
 from relax_core.evaluation.metrics import sample_metrics
 from relax_core.numerics import ZERO_STD_TOL, group_stats
+from relax_core.sampling import PromptResults
+from relax_core.stages.episodes import episode_metrics, single_turn_runner
 from relax_core.stages.reward_mix import step_metrics
 from relax_core.stages.rewarding import apply_processors, mean_over_rounds
-from relax_core.sampling import PromptResults
+
 
 def sampling_seed(seed: int, step: int, round_: int = 0) -> int:
     """Per-step generation seed, so a resumed run samples exactly what the original did."""
@@ -94,14 +98,18 @@ def rollout_metrics(batch: Batch, generated: list[Batch]) -> dict[str, float]:
 
 
 def sample_records(batch: Batch, k: int) -> list[dict]:
-    """Up to ``k`` samples of the batch, evenly spaced, for ``samples.jsonl``."""
+    """Up to ``k`` samples of the batch, evenly spaced, for ``samples.jsonl``; an episode of
+    several turns adds its ``num_turns`` and ``transcript``."""
     k = min(k, batch.size)
     if k == 0:
         return []
     stride = max(1, batch.size // k)
+    turns = batch.num_turns.tolist() if batch.num_turns is not None else [1] * batch.size
     return [{"prompt": batch.prompts[i], "response": batch.responses[i], "reward": float(batch.rewards[i]),
              "label": batch.labels[i], "response_len": int(batch.response_lengths[i]),
-             "truncated": bool(batch.truncated[i])} for i in range(0, batch.size, stride)[:k]]
+             "truncated": bool(batch.truncated[i]),
+             **({"num_turns": turns[i], "transcript": batch.transcripts[i]} if turns[i] > 1 else {})}
+            for i in range(0, batch.size, stride)[:k]]
 
 
 def replay_path(directory: str | Path, step: int) -> Path:
@@ -216,7 +224,7 @@ class Rollout:
 
     Args:
         cfg: the run config.
-        comps: the run's :class:`~relax_core.trainer.Components`.
+        comps: the run's :class:`~relax_core.run.components.Components`.
         data: the training dataset.
         publisher: the :class:`Publisher` (the engine's weight version).
     """
@@ -228,14 +236,16 @@ class Rollout:
         self.publisher = publisher
         self.sampler = comps.sampler
         self.tokenizer = comps.engine.tokenizer
+        self.episodes = comps.episodes or single_turn_runner(comps.engine, cfg)
         self._prompt_cache: dict[int, tuple[str, list[int]]] = {}
 
     def _prompts(self, rows: list[dict], indices: list[int]) -> tuple[list[str], list[list[int]]]:
+        env = self.episodes.environment
         if rows is not self.data.rows:
-            return encode_prompts([rows[i]["prompt"] for i in indices], self.tokenizer, self.cfg)
+            return encode_prompts([prompt_of(env, rows[i]["prompt"]) for i in indices], self.tokenizer, self.cfg)
         todo = [i for i in indices if i not in self._prompt_cache]
         if todo:
-            texts, ids = encode_prompts([rows[i]["prompt"] for i in todo], self.tokenizer, self.cfg)
+            texts, ids = encode_prompts([prompt_of(env, rows[i]["prompt"]) for i in todo], self.tokenizer, self.cfg)
             self._prompt_cache.update(zip(todo, zip(texts, ids)))
         return [self._prompt_cache[i][0] for i in indices], [self._prompt_cache[i][1] for i in indices]
 
@@ -248,15 +258,14 @@ class Rollout:
 
     def generate(self, rows: list[dict], indices: list[int], n: int, sampling: SamplingParams,
                  group_offset: int) -> Batch:
-        """``n`` samples of each prompt ``rows[i]``, as the engine returns them (tokens,
-        ``loss_mask``, log-probs), with the loop's bookkeeping fields; rewards NaN."""
+        """``n`` episodes of each prompt ``rows[i]`` (:mod:`relax_core.stages.episodes`: the engine's
+        tokens, ``loss_mask`` and log-probs, the environment's replies), with the loop's
+        bookkeeping fields; rewards NaN."""
         texts, ids = self._prompts(rows, indices)
         rep = [j for j in range(len(indices)) for _ in range(n)]
         version = self.publisher.held
-        out = self.c.engine.generate([ids[j] for j in rep], sampling)
-        if out.loss_mask is None:
-            raise ValueError(f"the rollout engine {type(self.c.engine).__name__} returned no loss_mask "
-                             "(GenerationOutput.loss_mask: the positions that carry loss)")
+        out = self.episodes.generate([rows[indices[j]] for j in rep], [texts[j] for j in rep], [ids[j] for j in rep],
+                                     sampling)
         b = len(rep)
         return Batch(**out.items(), prompt_ids=[ids[j] for j in rep], prompts=[texts[j] for j in rep],
                      rewards=torch.full((b,), math.nan), group_index=torch.as_tensor([group_offset + j for j in rep]),
@@ -264,14 +273,21 @@ class Rollout:
                      labels=[rows[indices[j]]["label"] for j in rep], metadata=[rows[indices[j]]["metadata"] for j in rep])
 
     def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """Raw rewards from the scorer (NaN = unscored) and its error counts."""
-        rewards, metrics = self.c.score(batch.responses, batch.labels, batch.metadata, batch.prompts)
-        return batch.replace(rewards=torch.tensor([math.nan if r is None else float(r) for r in rewards])), metrics
+        """Raw rewards (NaN = unscored) and the scorer's error counts: the environment's
+        episode reward where it gave one (``env_rewards``), else the scorer's of ``responses``."""
+        env = batch.env_rewards
+        todo = list(range(batch.size)) if env is None else torch.isnan(env).nonzero().flatten().tolist()
+        pick = lambda xs: [xs[i] for i in todo]  # noqa: E731
+        scored, metrics = self.c.score(pick(batch.responses), pick(batch.labels), pick(batch.metadata),
+                                       pick(batch.prompts)) if todo else ([], {})
+        rewards = torch.full((batch.size,), math.nan) if env is None else env.clone()
+        rewards[todo] = torch.tensor([math.nan if r is None else float(r) for r in scored])
+        return batch.replace(rewards=rewards), metrics
 
     def post_process(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Run the post-processors in order; drop the samples they do not keep."""
         rb = RewardBatch(rewards=batch.rewards.clone(), raw_rewards=batch.rewards.clone(),
-                         group_index=batch.group_index, response_lengths=batch.response_lengths,
+                         group_index=batch.group_index, response_lengths=batch.loss_mask.sum(-1),
                          truncated=batch.truncated, responses=batch.responses,
                          keep=torch.ones(batch.size, dtype=torch.bool))
         rb = apply_processors(self.c.processors, rb)
@@ -303,6 +319,8 @@ class Rollout:
                 batch = self.generate(self.data.rows, indices, cfg.n_samples_per_prompt,
                                       self.sampling(sampling_seed(cfg.seed, step, r)),
                                       group_offset=(step * rounds + r) * cfg.rollout_batch_size)
+                for k, v in self.episodes.score_metrics.items():  # an environment's scored turns
+                    metrics[k] = metrics.get(k, 0.0) + v
             t_gen += time.monotonic() - t0
             gen_tokens += int(batch.response_lengths.sum())
             if not cfg.load_debug_rollout_data:
@@ -329,6 +347,8 @@ class Rollout:
         metrics.update(rollout_metrics(batch, generated))
         metrics.update(staleness_metrics(batch.weight_version, step))
         metrics.update(self.sampler.metrics())
+        if self.episodes.max_turns > 1:
+            metrics.update(episode_metrics(batch))
         if hasattr(self.c.engine, "restarts"):
             metrics["rollout/engine_restarts"] = float(self.c.engine.restarts)
         metrics["perf/rollout_time"] = t_gen

@@ -12,8 +12,8 @@ import traceback
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from relax_core.host.capabilities import CAPABILITIES, Context, Selected
 from relax_core.config import RunConfig, check_bounds, flag_collisions, param_flag
+from relax_core.host.capabilities import CAPABILITIES, Context, Selected
 from relax_core.specs import BEHAVIOUR_NUMERATORS, ComponentSpec, EstimatorCapabilities, _resolve, api_version_problem
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -100,6 +100,10 @@ def check_contract(spec: ComponentSpec, params: Any = None, *, config: RunConfig
             from relax_core.testing.samplers import check_sampler
 
             check_sampler(spec, params, config, checks)
+        elif kind == "environment" and caps is not None:
+            from relax_core.testing.components import check_environment
+
+            check_environment(spec, params, caps, config, checks)
     checks.raise_if_failed()
 
 

@@ -19,8 +19,8 @@ def train_tiny(tmp_path: Path, *args: str, moe: bool = False) -> list[dict]:
             log two training steps.
     """
     from relax_core.host.plugins import default_registry
-    from relax_core.run.launch import configure, launch
     from relax_core.models import make_tiny_model
+    from relax_core.run.launch import configure, launch
 
     model = make_tiny_model(tmp_path / "model", moe=moe)
     reg = default_registry()

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from relax_core import (BackendCapabilities, BackendSpec, DataSourceSpec, EngineCapabilities, EngineSpec,
-                        EstimatorCapabilities, EstimatorSpec, RewardScorerSpec, SamplerSpec, hookimpl, param)
+                        EnvironmentSpec, EstimatorCapabilities, EstimatorSpec, RewardScorerSpec, SamplerSpec, hookimpl,
+                        param)
 from relax_core.contracts import AdvantageOutput, CorrectionOutput, PolicyLossOutput
 from relax_core.hookspecs import HOOK_KINDS
 from relax_core.numerics import broadcast_to_tokens, group_stats, masked_fill_zero
@@ -50,9 +51,9 @@ BASE_CAPS = EstimatorCapabilities(sync_only=False, supports_fully_async=True, be
 
 
 def infra_plugin() -> types.SimpleNamespace:
-    """The engine 'hf', backend 'torch', sampler 'uniform', data source 'rg:' and scorer 'math' a
-    default config selects (the data source and scorer work: a dry run reads the data and
-    builds the scorer)."""
+    """The engine 'hf', backend 'torch', sampler 'uniform', environment 'single_turn', data source
+    'rg:' and scorer 'math' a default config selects (the data source and scorer work: a dry run
+    reads the data and builds the scorer)."""
     return make_plugin(
         DataSourceSpec(name="rg", scheme="rg", summary="toy data source", source="tests",
                        factory="relax_core_test_toys:build_rows"),
@@ -62,6 +63,8 @@ def infra_plugin() -> types.SimpleNamespace:
         BackendSpec(name="torch", summary="toy backend", source="tests", factory="x:y",
                     capabilities=BackendCapabilities(supports_data_parallel=True, supports_critic=True)),
         SamplerSpec(name="uniform", summary="toy sampler", source="tests", factory="x:y"),
+        EnvironmentSpec(name="single_turn", summary="toy single turn", source="tests",
+                        factory="relax_core.environments:SingleTurn"),
     )
 
 
@@ -95,6 +98,10 @@ class ToyReinforce:
         out = broadcast_to_tokens(adv, inp.loss_mask)
         if self.variant == "adv_at_masked":
             out = adv[:, None].expand(inp.loss_mask.shape).float()
+        if self.variant == "length_adv":  # broadcast over the first response_lengths positions, not loss_mask
+            from relax_core.batch import length_mask
+
+            out = broadcast_to_tokens(adv, length_mask(inp.response_lengths, inp.loss_mask.shape[1]))
         return AdvantageOutput(advantages=out, returns=out.clone(), metrics={"rollout/toy_adv_mean": float(adv.mean())})
 
     def policy_loss(self, inp):
@@ -131,6 +138,10 @@ def build_metric_garbage(params, config):
 
 def build_seq_ratio_local(params, config):
     return ToyReinforce("seq_ratio_local")
+
+
+def build_length_adv(params, config):
+    return ToyReinforce("length_adv")
 
 
 def build_adv_at_masked(params, config):

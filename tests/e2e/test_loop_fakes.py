@@ -19,7 +19,8 @@ from relax_core.config import RunConfig  # noqa: E402
 from relax_core.data import DataCursor, load_dataset  # noqa: E402
 from relax_core.reporting.metrics import read_metrics  # noqa: E402
 from relax_core.run.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED  # noqa: E402
-from relax_core.trainer import OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, Components, Trainer, build_trainer  # noqa: E402
+from relax_core.run.components import Components  # noqa: E402
+from relax_core.trainer import OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, Trainer, build_trainer  # noqa: E402
 
 grpo = pytest.importorskip("relax_grpo.grpo")
 GRPOParams = pytest.importorskip("relax_grpo.plugin").GRPOParams

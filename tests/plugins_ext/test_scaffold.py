@@ -14,7 +14,7 @@ from relax_core.authoring.scaffold import KINDS, write_plugin
 NAMES = {kind: f"my_{kind}" for kind in KINDS}
 SELECT = {"estimator": "--advantage-estimator", "correction": "--correction", "reward": "--reward",
           "reward_processor": "--reward-processor", "engine": "--rollout-engine", "backend": "--train-backend",
-          "sampler": "--sampler"}
+          "sampler": "--sampler", "environment": "--environment"}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_dry_run_selects_it(scaffolded, kind):
     out = json.loads(res.stdout)
     assert out["valid"] is True
     origin = f"relax-{name.replace('_', '-')} 0.1.0"
-    if kind in ("estimator", "engine", "backend", "sampler"):
+    if kind in ("estimator", "engine", "backend", "sampler", "environment"):
         assert out["components"][kind] == {"name": name, "origin": origin}
     elif kind == "correction":
         assert out["corrections"] == [{"name": name, "origin": origin}]

@@ -1,7 +1,6 @@
 """relax-cispo: clipped stop-gradient IS weight (values pinned by issue 3), gradient through
 log π only, masking, dtypes, advantages as GRPO, capabilities."""
 
-import math
 
 import pytest
 import torch

@@ -1,7 +1,6 @@
 """relax-gspo: sequence-level ratio (values pinned by issue 3), padding inertness, gradient
 vs formula, clipping, dtypes, capabilities."""
 
-import math
 
 import pytest
 import torch

@@ -1,7 +1,6 @@
 """relax-sapo: soft gate values and gradients (pinned by issue 3), temperatures by sign,
 finiteness at extreme ratios, masking, dtypes, parameters."""
 
-import math
 
 import pytest
 import torch
