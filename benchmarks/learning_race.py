@@ -760,7 +760,11 @@ def machine() -> dict:
 
     dist = sorted(TRL_PYTHON.parent.parent.glob("lib/python*/site-packages/trl-*.dist-info"))
     trl = dist[-1].name[4:-len(".dist-info")] if dist else "absent"
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", "benchmarks", "relax_core", "plugins"],
+                      capture_output=True, text=True).stdout.strip():
+        commit += " (uncommitted changes)"
     return {"date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "git commit": commit,
             "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, "
                        f"{'cuda ' + torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'}",
