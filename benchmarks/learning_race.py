@@ -621,7 +621,7 @@ def knob_table(relax_cfg: dict, trl_cfg: dict) -> list[str]:
         return "— (no counterpart)" if key is None else f"`{key}` = {cfg.get(key, '?')!r}"
 
     lines = ["| knob | Relax | TRL `GRPOConfig` | note |", "|---|---|---|---|"]
-    lines += [f"| {k} | {val(r, rk)} | {val(trl_cfg, tk)} | {'equal; ' if same else ''}{note} |"
+    lines += [f"| {k} | {val(r, rk)} | {val(trl_cfg, tk)} | {'; '.join(filter(None, ['equal' if same else '', note]))} |"
               for k, rk, tk, same, note in KNOBS]
     return lines
 

@@ -146,8 +146,9 @@ def test_learning_race_knob_mismatch_is_found():
 @pytest.mark.slow
 def test_learning_race_smoke():
     """``learning_race.py --smoke``: the same-update check passes, then both sides train 2
-    steps and every checkpoint is scored (Relax only, said so, without TRL's venv).  About
-    60 s on an idle 2-core machine (7 processes: 2 for the check, 2 trainings, 3 evaluations)."""
+    steps and every checkpoint is scored (Relax only, said so, without TRL's venv).  58 s at
+    load average 0.1 on the 2-core machine (7 processes: 2 for the check, 2 trainings, 3
+    evaluations)."""
     p = _smoke("learning_race")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     if (BENCH / ".envs" / "trl" / "bin" / "python").exists():
