@@ -80,6 +80,41 @@ TRL_PYTHON = HERE / ".envs" / "trl" / "bin" / "python"
 TAG = "@@bench "
 
 
+# --------------------------------------------------------------------------- matched settings
+
+
+def matched_relax_flags(*, model: str, data: str, prompts: int, group: int, max_new: int, lr: float,
+                        temperature: float, seed: int) -> list[str]:
+    """``relax train`` flags of the matched work (the table above, Relax's column): ``prompts``
+    prompts × ``group`` samples per step, at most ``max_new`` new tokens, learning rate ``lr``,
+    sampling ``temperature``; the rows of the JSONL file ``data`` as they are, scored by
+    ``e2e_reward:score`` (``benchmarks/`` on ``PYTHONPATH``).  ``benchmarks/learning_race.py``
+    uses the same."""
+    return ["--model", model, "--data", data, "--prompt-suffix", "", "--custom-rm-path", "e2e_reward:score",
+            "--rollout-batch-size", str(prompts), "--n-samples-per-prompt", str(group),
+            "--rollout-max-response-len", str(max_new), "--num-steps-per-rollout", "1", "--lr", str(lr),
+            "--lr-warmup-steps", "0", "--weight-decay", "0", "--clip-grad", "1.0", "--eps-clip", "0.2",
+            "--eps-clip-high", "0.2", "--loss-reduction", "seq-mean-token-mean", "--kl-loss-coef", "0",
+            "--entropy-coef", "0", "--rollout-temperature", str(temperature), "--rollout-top-p", "1.0",
+            "--rollout-top-k", "-1", "--adam-beta1", "0.9", "--adam-beta2", "0.999", "--adam-eps", "1e-8",
+            "--seed", str(seed)]
+
+
+def matched_grpo_config(*, prompts: int, group: int, max_new: int, lr: float, temperature: float,
+                        seed: int) -> dict:
+    """``GRPOConfig`` keyword arguments of the same work (the table above, TRL's column), to
+    which the caller adds ``output_dir``, ``max_steps``, the save strategy and the device."""
+    return dict(
+        per_device_train_batch_size=prompts * group, gradient_accumulation_steps=1, num_generations=group,
+        max_completion_length=max_new, temperature=temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
+        learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, optim="adamw_torch",
+        beta=0.0, num_iterations=1, steps_per_generation=1, epsilon=0.2, epsilon_high=0.2, loss_type="grpo",
+        scale_rewards="group", mask_truncated_completions=False, bf16=False, gradient_checkpointing=False,
+        logging_steps=1, report_to="none", seed=seed, disable_tqdm=True, dataloader_num_workers=0,
+        log_completions=False)
+
+
 # --------------------------------------------------------------------------- worker protocol
 
 
@@ -132,11 +167,9 @@ def relax_worker(a: argparse.Namespace) -> None:
     from relax_core.host.plugins import load_registry
     from relax_core.host.validation import resolve
 
-    flags = ["--model", a.model_dir, "--data", a.data, "--prompt-suffix", "", "--custom-rm-path", "e2e_reward:score",
-             "--rollout-batch-size", str(a.prompts), "--n-samples-per-prompt", str(a.group),
-             "--rollout-max-response-len", str(a.max_new), "--num-rollout", str(a.total_steps + 1),
-             "--num-steps-per-rollout", "1", "--lr", "1e-6", "--clip-grad", "1.0", "--eps-clip", "0.2",
-             "--rollout-temperature", "1.0", "--seed", "0", "--output-dir", a.out_dir, "--run-name", "relax",
+    flags = [*matched_relax_flags(model=a.model_dir, data=a.data, prompts=a.prompts, group=a.group,
+                                  max_new=a.max_new, lr=1e-6, temperature=1.0, seed=0),
+             "--num-rollout", str(a.total_steps + 1), "--output-dir", a.out_dir, "--run-name", "relax",
              "--device", "cpu", *a.relax_flags.split()]
     reg = load_registry()
     schemas = reg.param_schemas()
@@ -174,14 +207,9 @@ def trl_worker(a: argparse.Namespace) -> None:
 
     rows = [json.loads(line) for line in Path(a.data).read_text().splitlines() if line.strip()]
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "label": r["label"]} for r in rows])
-    args = GRPOConfig(
-        output_dir=a.out_dir, per_device_train_batch_size=a.prompts * a.group, gradient_accumulation_steps=1,
-        num_generations=a.group, max_completion_length=a.max_new, temperature=1.0, top_p=1.0, top_k=0,
-        learning_rate=1e-6, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        beta=0.0, num_iterations=1, steps_per_generation=1, epsilon=0.2, loss_type="grpo", scale_rewards="group",
-        mask_truncated_completions=False, bf16=False, use_cpu=True, gradient_checkpointing=False,
-        max_steps=a.total_steps + 1, logging_steps=1, save_strategy="no", report_to="none", seed=0,
-        disable_tqdm=True, dataloader_num_workers=0, log_completions=False)
+    args = GRPOConfig(**matched_grpo_config(prompts=a.prompts, group=a.group, max_new=a.max_new, lr=1e-6,
+                                            temperature=1.0, seed=0),
+                      output_dir=a.out_dir, max_steps=a.total_steps + 1, save_strategy="no", use_cpu=True)
     model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(a.model_dir)
     if tok.pad_token_id is None:

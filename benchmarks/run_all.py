@@ -59,6 +59,10 @@ SUITE = [
     ("async", PY, "async.py", ["--steps", "3", "--repeats", "1", "--out", os.devnull],
      ["--steps", "2", "--repeats", "1", "--out", os.devnull],
      "5b. sync vs fully-async on Ray, Ray start-up (the Ray engineer's benchmark)"),
+    ("learning_race", PY, "learning_race.py",
+     ["--seeds", "0", "--steps", "4", "--eval-prompts", "16", "--out", os.devnull], ["--smoke"],
+     "issue 23: the learning race vs TRL, short (1 seed, 4 steps, 16 held-out prompts; the full race: "
+     "learning_race.py alone)"),
 ]
 
 

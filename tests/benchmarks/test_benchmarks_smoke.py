@@ -18,6 +18,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path[:0] = [str(BENCH), str(BENCH / "gpu")]
 import check as gpu_check  # noqa: E402
 import e2e_trl  # noqa: E402
+import learning_race  # noqa: E402
 import run_all  # noqa: E402
 
 
@@ -82,13 +83,79 @@ def test_algorithm_smoke():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [p[0] for p in run_all.SUITE if p[0] != "algorithm"])
+@pytest.mark.parametrize("name", [p[0] for p in run_all.SUITE if p[0] not in ("algorithm", "learning_race")])
 def test_script_smoke(name):
     if name == "e2e_trl" and not (BENCH / ".envs" / "trl" / "bin" / "python").exists():
         pytest.skip("TRL venv absent (make benchmarks/.envs/trl/bin/python)")
     p = _smoke(name)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip()
+
+
+def test_learning_race_epsilon_prediction_and_criteria():
+    """The check's prediction: one group std s = std(1, 0, 0, 1) = 0.57735 (unbiased), so
+    Relax's gradient is TRL's × (s + 1e-4)/(s + 1e-6) = 1.000171; and each criterion fails
+    on figures that miss it."""
+    assert learning_race.predicted_norm_ratio(learning_race.CHECK_REWARDS) == pytest.approx(1.000171, abs=5e-7)
+    good = {"same_initial_weights": True, "loss_relax": 3e-8, "loss_trl": -1.5e-8, "grad_cosine": 1.0,
+            "norm_ratio": 1.000172, "norm_ratio_predicted": 1.000171, "delta_rel": 1e-5}
+    assert learning_race.check_failures(good) == []
+    for key, bad in [("same_initial_weights", False), ("loss_trl", 1e-3), ("grad_cosine", 0.9999),
+                     ("norm_ratio", 1.0), ("delta_rel", 1e-2)]:
+        failures = learning_race.check_failures({**good, key: bad})
+        assert len(failures) == 1, (key, failures)
+
+
+def test_learning_race_summary_by_hand():
+    """TRL's best mean accuracy is 0.5 (step 4); Relax's mean curve reaches it at step 2
+    (mean of 10 and 14 s = 12 s), TRL's at step 4 (40 s): ratio 0.3; per run, Relax seed 1
+    first reaches 0.5 at step 4 (30 s)."""
+    def run(side, seed, points):
+        return {"side": side, "seed": seed, "checkpoints": [{"step": st, "t_s": t, "acc": acc} for st, t, acc in points]}
+
+    runs = [run("relax", 0, [(2, 10, 0.6), (4, 20, 0.7)]), run("relax", 1, [(2, 14, 0.4), (4, 30, 0.6)]),
+            run("trl", 0, [(2, 20, 0.2), (4, 40, 0.5)]), run("trl", 1, [(2, 22, 0.3), (4, 40, 0.5)])]
+    s = learning_race.summary(runs)
+    assert s["trl_best"] == 0.5 and s["t_relax"] == 12 and s["t_trl"] == 40 and s["ratio"] == pytest.approx(0.3)
+    assert s["per_seed"] == {"relax": [10, 30], "trl": [40, 40]}
+    assert s["final_relax"] == pytest.approx(0.65) and s["final_trl"] == 0.5
+    c = learning_race.curves(runs, "relax")
+    assert [(x["step"], x["min"], x["max"], x["seeds"]) for x in c] == [(2, 0.4, 0.6, 2), (4, 0.6, 0.7, 2)]
+    assert learning_race.time_to(c, 0.9) is None
+
+
+def test_learning_race_trl_gets_relax_prompt_order(tmp_path):
+    """TRL's rows are Relax's recorded prompts, one per group, in Relax's order."""
+    rows = [{"prompt": f"p{i}", "label": str(i)} for i in range(5)]
+    (tmp_path / "trained_prompts.jsonl").write_text(
+        '{"step": 1, "prompt_index": [3, 3, 0, 0], "group_index": [2, 2, 3, 3]}\n'
+        '{"step": 2, "prompt_index": [4, 4, 3, 3], "group_index": [5, 5, 4, 4]}\n')
+    assert [r["prompt"] for r in learning_race.trl_rows(tmp_path, rows)] == ["p3", "p0", "p4", "p3"]
+
+
+def test_learning_race_knob_mismatch_is_found():
+    """A knob that must be equal and differs stops the race (here the learning rate)."""
+    relax = {"advantage_estimator": "grpo", "train_backend": "torch",
+             "plugin_params": {"grpo": {"eps_clip": 0.2}, "torch": {"adam_beta1": 0.9}}, "lr": 3e-5}
+    trl = {"learning_rate": 1e-6, "epsilon": 0.2, "adam_beta1": 0.9}
+    bad = learning_race.knob_mismatches(relax, trl)
+    assert any(b.startswith("learning rate:") for b in bad)
+    assert not any(b.startswith(("PPO clip ε (low)", "AdamW β1")) for b in bad)  # the plugins' parameters are read
+
+
+@pytest.mark.slow
+def test_learning_race_smoke():
+    """``learning_race.py --smoke``: the same-update check passes, then both sides train 2
+    steps and every checkpoint is scored (Relax only, said so, without TRL's venv).  58 s at
+    load average 0.1 on the 2-core machine (7 processes: 2 for the check, 2 trainings, 3
+    evaluations)."""
+    p = _smoke("learning_race")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    if (BENCH / ".envs" / "trl" / "bin" / "python").exists():
+        assert "**passed**" in p.stdout and "| trl | 0 |" in p.stdout and "ratio Relax/TRL" in p.stdout
+    else:
+        assert "Relax only" in p.stdout
+    assert "| relax | 0 |" in p.stdout and "start-up, checkpoint saves, exit" in p.stdout
 
 
 def test_gpu_check_flops_reproduce_prime_rl_mfu():
