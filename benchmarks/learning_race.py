@@ -160,7 +160,7 @@ def write_training_rows(train_source: str, eval_source: str, path: Path) -> dict
     """
     from relax_core.config import RunConfig
     from relax_core.data import exclude_eval_prompts, load_dataset
-    from relax_core.plugins import load_registry
+    from relax_core.host.plugins import load_registry
 
     cfg, reg = RunConfig(), load_registry()
     held = load_dataset(eval_source, cfg, reg)

@@ -3,7 +3,7 @@
     --reward a --reward b --reward-weights 1,0.5      r_i = 1 · r_i^a + 0.5 · r_i^b
 
 Each scorer runs as a single one does (its own pass over the reward worker pool, with
-``--reward-timeout`` and error counting: :func:`relax_core.rewarding.score_batch`); a
+``--reward-timeout`` and error counting: :func:`relax_core.stages.rewarding.score_batch`); a
 sample that any of them cannot score (``None``: an error, a timeout, or "cannot score") is
 unscored (NaN), never scored as if that part were 0.  The estimator, the post-processors
 and the sampler see the weighted sum (``rollout/raw_reward`` is its mean); each part is
@@ -48,8 +48,8 @@ def part_metrics(names: Sequence[str], parts: Sequence[Sequence[float | None]]) 
 def step_metrics(rounds: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """The score metrics of a step from those of its sampling rounds: counts
     (:data:`COUNTS`) summed, the per-part means averaged over the rounds (which are of
-    equal size: :func:`relax_core.rewarding.mean_over_rounds`)."""
-    from relax_core.rewarding import mean_over_rounds
+    equal size: :func:`relax_core.stages.rewarding.mean_over_rounds`)."""
+    from relax_core.stages.rewarding import mean_over_rounds
 
     out = mean_over_rounds([{k: v for k, v in r.items() if k not in COUNTS} for r in rounds])
     for k in COUNTS:
@@ -59,7 +59,7 @@ def step_metrics(rounds: Sequence[Mapping[str, float]]) -> dict[str, float]:
 
 def problems(cfg: Any) -> list[tuple[str, str, str]]:
     """``(option, message, fix)`` for every inconsistency of ``--reward`` and
-    ``--reward-weights`` (checked at startup, :mod:`relax_core.validation`)."""
+    ``--reward-weights`` (checked at startup, :mod:`relax_core.host.validation`)."""
     out = []
     names, w = tuple(cfg.reward), tuple(cfg.reward_weights)
     if not names:
