@@ -62,7 +62,8 @@ def train(ctx: typer.Context) -> None:
     names = lambda kind: sorted(reg.components.get(kind, {}))  # noqa: E731
     choices = {"advantage_estimator": names("estimator"), "correction": names("correction"),
                "reward": ["auto", *names("reward")], "reward_processor": names("reward_processor"),
-               "rollout_engine": names("engine"), "train_backend": names("backend")}
+               "rollout_engine": names("engine"), "train_backend": names("backend"),
+               "environment": names("environment")}
     try:
         cli, config_path, ns = parse_cli(list(ctx.args), schemas, choices=choices)
         yaml_values = load_yaml(config_path) if config_path else {}
@@ -77,6 +78,8 @@ def train(ctx: typer.Context) -> None:
     if problems:
         _print_problems([str(p) for p in problems])
         raise typer.Exit(EXIT_BAD_INPUT)
+    for w in resolved.warnings:
+        typer.echo(f"relax: warning: {w}", err=True)
     from relax_core.launch import BadInput, launch, preflight
 
     if ns.dry_run:
@@ -110,7 +113,8 @@ def _print_dry_run(cfg, resolved, reg) -> None:
 
     ctx = resolved.context
     chosen = {k: {"name": v.name, "origin": v.origin}
-              for k, v in {"estimator": ctx.estimator, "engine": ctx.engine, "backend": ctx.backend}.items() if v}
+              for k, v in {"estimator": ctx.estimator, "engine": ctx.engine, "backend": ctx.backend,
+                           "environment": ctx.environment}.items() if v}
     if cfg.reward != "auto":
         r = reg.get("reward", cfg.reward)
         chosen["reward"] = {"name": r.spec.name, "origin": r.origin}
@@ -239,7 +243,7 @@ def plugins_show(name: str, kind: Optional[str] = typer.Option(None, help="Disam
 @plugins_app.command("new")
 def plugins_new(
     name: str = typer.Argument(..., help="Component name, [a-z][a-z0-9_]* (package relax_<name>)."),
-    kind: str = typer.Option(..., "--kind", help="estimator, correction, reward, reward_processor, engine or backend."),
+    kind: str = typer.Option(..., "--kind", help="estimator, correction, reward, reward_processor, engine, backend or environment."),
     dest: Optional[str] = typer.Option(None, "--dir", help="Parent directory (default: current)."),
     summary: Optional[str] = typer.Option(None, "--summary", help="One-line description."),
 ) -> None:
@@ -259,7 +263,7 @@ def plugins_new(
 
 @app.command()
 def capabilities(
-    kind: Optional[str] = typer.Option(None, help="estimator, correction, engine, backend, reward_processor, reward or data_source."),
+    kind: Optional[str] = typer.Option(None, help="estimator, correction, engine, backend, reward_processor, reward, data_source or environment."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     markdown: bool = typer.Option(False, "--markdown", help="The docs page (docs/capabilities.md)."),
 ) -> None:

@@ -7,10 +7,11 @@ backends, data sources) is a plugin registered through the hooks in
 
 The public API for plugin authors is exactly :data:`__all__`: the spec and capability
 types, :func:`param`, :data:`hookimpl` and :data:`API_VERSION` (importable without torch),
-and six modules, imported lazily on first access: ``batch`` (the declared batch fields),
+and seven modules, imported lazily on first access: ``batch`` (the declared batch fields),
 ``contracts`` (the data contract between stages), ``numerics`` (masked reductions, group statistics, KL, normalisation), ``policy``
 (PPO-clip, REINFORCE, the group advantage stage), ``answers`` (final-answer extraction for
-reward scorers) and ``testing`` (the contract kit).
+reward scorers), ``environments`` (the episode contract of environments) and ``testing``
+(the contract kit).
 Specs declare the ``api_version`` they were written against; the loader refuses versions it
 does not support.  Everything else in ``relax_core`` is internal and may change.
 """
@@ -27,6 +28,8 @@ from relax_core.specs import (
     DataSourceSpec,
     EngineCapabilities,
     EngineSpec,
+    EnvironmentCapabilities,
+    EnvironmentSpec,
     EstimatorCapabilities,
     DualClipParams,
     EstimatorSpec,
@@ -52,6 +55,8 @@ __all__ = [
     "DataSourceSpec",
     "EngineCapabilities",
     "EngineSpec",
+    "EnvironmentCapabilities",
+    "EnvironmentSpec",
     "EstimatorCapabilities",
     "DualClipParams",
     "EstimatorSpec",
@@ -69,10 +74,11 @@ __all__ = [
     "numerics",
     "policy",
     "answers",
+    "environments",
     "testing",
 ]
 
-_LAZY_MODULES = ("batch", "contracts", "numerics", "policy", "answers", "testing")
+_LAZY_MODULES = ("batch", "contracts", "numerics", "policy", "answers", "environments", "testing")
 
 
 def __getattr__(name: str):

@@ -39,6 +39,13 @@ class Context:
     backend: Selected | None = None
     processors: tuple[Selected, ...] = ()
     model_is_moe: bool | None = None  # None = not known before loading
+    environment: Selected | None = None
+
+    @property
+    def multi_turn(self) -> str | None:
+        """The selected environment's name when its episodes may have several turns."""
+        env = self.environment
+        return env.name if env is not None and env.caps.multi_turn else None
 
     @property
     def behaviour_numerator(self) -> str | None:
@@ -61,6 +68,8 @@ class Capability:
     """``satisfy(caps) -> run-config values`` under which :attr:`check` accepts ``caps``
     (``{}`` when any config does): the contract kit's configuration (``config_for``) is
     the union of every row's."""
+    warn: bool = False
+    """A violation is printed as a warning at startup instead of refusing the run."""
 
 
 def _sync_reasons(cfg: Any) -> list[str]:
@@ -222,7 +231,15 @@ def _group_problem(ctx: Context, c: Any) -> str | None:
     return None
 
 
-E, C, G, B, P = "estimator", "correction", "engine", "backend", "reward_processor"
+def _max_context(ctx: Context, c: Any) -> str | None:
+    limit, cfg = c.max_context, ctx.cfg
+    if limit is None or (cfg.max_episode_tokens is not None and cfg.max_episode_tokens <= limit):
+        return None
+    return (f"is designed for at most {limit} tokens per episode, but --max-episode-tokens is "
+            f"{cfg.max_episode_tokens or 'unset (no limit)'}")
+
+
+E, C, G, B, P, V = "estimator", "correction", "engine", "backend", "reward_processor", "environment"
 
 CAPABILITIES: tuple[Capability, ...] = (
     # ---------------------------------------------------------------- estimators
@@ -285,6 +302,12 @@ CAPABILITIES: tuple[Capability, ...] = (
                "remove those --reward-processor options"),
     Capability(E, "requires_fields", "reads", "Batch fields it reads that not every run has.", _fields_check,
                "choose a rollout engine / training backend whose `provides` column lists them (`relax capabilities`)"),
+    Capability(E, "supports_loss_mask_holes", "mask holes", "Correct with holes in loss_mask (environment tokens inside an episode; verified by the contract kit); needed by multi-turn environments.",
+               lambda ctx, c: f"is not declared correct with holes in loss_mask, which the episodes of multi-turn environment '{ctx.multi_turn}' have (its environment tokens)" if ctx.multi_turn and not c.supports_loss_mask_holes else None,
+               "choose an estimator whose `mask holes` column says yes (`relax capabilities --kind estimator`), or --environment single_turn"),
+    Capability(E, "uses_turn_rewards", "turn rewards", "Reads per-turn rewards (turn_rewards); otherwise trains on each episode's return, their sum.",
+               lambda ctx, c: f"does not read per-turn rewards: it trains on each episode's return, the sum of environment '{ctx.environment.name}''s turn rewards (no per-turn credit)" if ctx.environment and ctx.environment.caps.turn_rewards and not c.uses_turn_rewards else None,
+               "to credit each turn, choose an estimator whose `turn rewards` column says yes", warn=True),
     Capability(E, "metrics", "metrics", "Names of the estimator-specific metrics it reports.", matrix=False),
     # ---------------------------------------------------------------- corrections
     Capability(C, "requires_fields", "reads", "Batch fields it reads that not every run has (engine log-probs, top-k heads, routed experts, a plugin's own).",
@@ -330,6 +353,10 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(G, "supports_stop_strings", "stop", "Supports stop strings.",
                lambda ctx, c: "does not support --rollout-stop" if ctx.cfg.rollout_stop and not c.supports_stop_strings else None,
                "remove --rollout-stop"),
+    Capability(G, "supports_token_continuation", "token-in", "Continues generation from any token-id prefix as given (needed by multi-turn environments).",
+               lambda ctx, c: f"cannot continue generation from token ids, which the episodes of multi-turn environment '{ctx.multi_turn}' need" if ctx.multi_turn and not c.supports_token_continuation else None,
+               "choose a --rollout-engine whose `token-in` column says yes (hf, vllm, sglang), or --environment single_turn"),
+    Capability(G, "supports_prefix_caching", "prefix cache", "Reuses the KV cache of a prefix it has seen (an episode's earlier turns)."),
     # ---------------------------------------------------------------- backends
     Capability(B, "devices", "devices", "Devices it trains on.", _dev, "choose another --device or backend"),
     Capability(B, "supports_data_parallel", "DP", "Data parallel over several model replicas (training workers / (TP × CP × PP)).",
@@ -358,6 +385,13 @@ CAPABILITIES: tuple[Capability, ...] = (
     # ---------------------------------------------------------------- reward processors
     Capability(P, "allowed_with_strict_estimators", "keeps raw signal", "May be combined with estimators that forbid post-processors."),
     Capability(P, "may_request_more_samples", "resamples", "Drops groups and asks the loop to sample more."),
+    # ---------------------------------------------------------------- environments
+    Capability(V, "multi_turn", "multi-turn", "Episodes of several model turns: the engine must continue from tokens and the estimator accept mask holes (rows above)."),
+    Capability(V, "tool_format", "tools", "The tool-call format it parses (— = no tools)."),
+    Capability(V, "turn_rewards", "turn rewards", "Gives a reward per turn (the episode reward is their sum)."),
+    Capability(V, "scores_turns", "scores turns", "Receives the run's scorer's score of every model turn."),
+    Capability(V, "max_context", "max context", "The most tokens per episode it is designed for (needs --max-episode-tokens at most that).",
+               _max_context, "set --max-episode-tokens to at most the environment's max context"),
 )
 
 

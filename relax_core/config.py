@@ -55,6 +55,7 @@ class RunConfig:
     reward_processor: tuple[str, ...] = opt((), "Reward post-processor (repeatable), applied in the order given.", repeat=True, group="components")
     rollout_engine: str = opt("hf", "Rollout engine (plugin name).", group="components")
     train_backend: str = opt("torch", "Training backend (plugin name).", group="components")
+    environment: str = opt("single_turn", "Environment driving each sample's episode (plugin name): single_turn (prompt → one completion), retry, tools, ...", group="components")
     custom_rm_path: str | None = opt(None, "Custom scorer 'pkg.module:fn' (runs with your rights; lighter than a plugin).", group="components")
 
     # ---- model and data
@@ -116,6 +117,8 @@ class RunConfig:
     rollout_max_response_len: int = opt(32, "Max new tokens per response.", ge=1, group="rollout")
     rollout_repetition_penalty: float = opt(1.0, "Repetition penalty (1 = off).", gt=0, group="rollout")
     rollout_stop: tuple[str, ...] = opt((), "Stop string (repeatable).", repeat=True, group="rollout")
+    max_turns: int = opt(4, "Most model turns per episode (multi-turn environments; each turn at most --rollout-max-response-len tokens).", ge=1, group="rollout")
+    max_episode_tokens: int | None = opt(None, "Most tokens per episode after the prompt, model and environment tokens together (default: no limit beyond --max-turns).", ge=1, group="rollout")
 
     # ---- rewards
     reward_timeout: float = opt(10.0, "Seconds before a scorer call counts as timed out.", gt=0, group="reward")

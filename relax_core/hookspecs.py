@@ -66,5 +66,11 @@ def relax_register_data_sources() -> list:
     readers).  Called once per process when the registry is built."""
 
 
+@hookspec
+def relax_register_environments() -> list:
+    """Return a list of :class:`~relax_core.specs.EnvironmentSpec` (episode drivers for
+    ``--environment``).  Called once per process when the registry is built."""
+
+
 #: hook name -> spec kind it returns (from :data:`relax_core.specs.KINDS`)
 HOOK_KINDS = {k.hook: k.name for k in KINDS}

@@ -208,6 +208,14 @@ class EstimatorCapabilities:
     requires_fields: frozenset[str] = frozenset()
     """Batch fields it reads beyond the core's (:mod:`relax_core.batch`); a run in which no
     selected component provides one is refused."""
+    supports_loss_mask_holes: bool = False
+    """Correct when ``loss_mask`` has holes inside a response (environment tokens of a
+    multi-turn episode): the advantages, loss and gradient at the model tokens equal those of
+    the same tokens without the holes, and per-token counts exclude the holes (verified by
+    the contract kit).  Required by multi-turn environments."""
+    uses_turn_rewards: bool = False
+    """Reads the per-turn rewards (``turn_rewards``) of environments that give them;
+    otherwise it trains on each episode's return (their sum, ``rewards``)."""
     metrics: tuple[str, ...] = ()
     """Names of the estimator-specific metrics it reports (``train/...``, ``rollout/...``)."""
 
@@ -263,6 +271,13 @@ class EngineCapabilities:
     supports_tensor_parallel: bool = False
     supports_sampling_penalties: bool = False
     supports_stop_strings: bool = False
+    supports_token_continuation: bool = False
+    """``generate`` continues from any token-id prefix exactly as given (a multi-turn
+    episode's earlier turns: the sampled ids and the rendered environment replies), never
+    re-tokenising it.  Required by multi-turn environments."""
+    supports_prefix_caching: bool = False
+    """Reuses the KV cache of a prefix it has seen (the earlier turns of an episode) instead
+    of prefilling it again."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -303,6 +318,27 @@ class RewardProcessorCapabilities:
     the raw reward signal they diagnose)."""
     may_request_more_samples: bool = False
     """Drops groups and asks the loop to sample more (dynamic sampling)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentCapabilities:
+    """What an environment's episodes need (:mod:`relax_core.environments`).  Conservative
+    defaults: one turn, no tools, no per-turn rewards."""
+
+    multi_turn: bool = False
+    """Its episodes may have more than one model turn: the engine must continue from tokens
+    (``supports_token_continuation``) and the estimator accept holes in ``loss_mask``."""
+    tool_format: str | None = None
+    """The tool-call format it parses (e.g. ``"hermes"``: ``<tool_call>{json}</tool_call>``),
+    ``None`` = no tools."""
+    turn_rewards: bool = False
+    """Gives a reward for several turns of an episode (the episode reward is their sum);
+    ``False`` = one reward per episode at most."""
+    scores_turns: bool = False
+    """Its ``step`` receives the run's scorer's score of each model turn (e.g. ``retry``)."""
+    max_context: int | None = None
+    """The most tokens (prompt + episode) it is designed for; ``None`` = no limit of its own.
+    A run whose longest possible episode exceeds it is refused."""
 
 
 # --------------------------------------------------------------------------- specs
@@ -438,6 +474,18 @@ class DataSourceSpec(ComponentSpec):
     scheme: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentSpec(ComponentSpec):
+    """An environment: the episode driver of each sample (``--environment``).
+
+    The factory returns an object with ``start(row) -> episode`` whose episode has
+    ``step(turn: Turn) -> Reply`` (:mod:`relax_core.environments`); the core's episode runner
+    owns the tokens (:mod:`relax_core.episodes`)."""
+
+    kind: ClassVar[str] = "environment"
+    capabilities_type: ClassVar[type] = EnvironmentCapabilities
+
+
 @dataclass(frozen=True)
 class Kind:
     """One kind of component: the one place that names it.  The hooks, the plugin loader,
@@ -471,6 +519,7 @@ KINDS: tuple[Kind, ...] = (
          "reward-processors"),
     Kind("reward", RewardScorerSpec, "relax_register_reward_scorers", "Reward scorers", "rewards"),
     Kind("data_source", DataSourceSpec, "relax_register_data_sources", "Data sources", "data-sources", scaffold=False),
+    Kind("environment", EnvironmentSpec, "relax_register_environments", "Environments", "environments"),
 )
 KIND: dict[str, Kind] = {k.name: k for k in KINDS}
 SPEC_TYPES: dict[str, type[ComponentSpec]] = {k.name: k.spec_type for k in KINDS}

@@ -47,6 +47,8 @@ class Resolved:
 
     context: Context
     specs: dict[str, Any]  # "estimator" -> spec, "correction:tis" -> spec, ...
+    warnings: tuple[Problem, ...] = ()
+    """Capability rows declared ``warn`` that this run violates (printed, not refused)."""
 
 
 def model_is_moe(model: str) -> bool | None:
@@ -237,6 +239,7 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
     est, specs["estimator"] = _select(reg, "estimator", cfg.advantage_estimator, cfg, problems)
     engine, specs["engine"] = _select(reg, "engine", cfg.rollout_engine, cfg, problems)
     backend, specs["backend"] = _select(reg, "backend", cfg.train_backend, cfg, problems)
+    env, specs["environment"] = _select(reg, "environment", cfg.environment, cfg, problems)
     corrections, processors = [], []
     for name in cfg.correction:
         sel, specs[f"correction:{name}"] = _select(reg, "correction", name, cfg, problems)
@@ -250,7 +253,8 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
         _, specs["reward"] = _select(reg, "reward", cfg.reward, cfg, problems)
     corrections.sort(key=lambda s: s.caps.order)
     ctx = Context(cfg=cfg, estimator=est, corrections=tuple(corrections), engine=engine, backend=backend,
-                  processors=tuple(processors), model_is_moe=model_is_moe(cfg.model))
+                  processors=tuple(processors), model_is_moe=model_is_moe(cfg.model), environment=env)
+    warnings: list[Problem] = []
 
     for cap in CAPABILITIES:
         if cap.check is None:
@@ -261,22 +265,23 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
             "engine": [engine] if engine else [],
             "backend": [backend] if backend else [],
             "reward_processor": list(processors),
+            "environment": [env] if env else [],
         }[cap.kind]
         for sel in targets:
             msg = cap.check(ctx, sel.caps)
             if msg:
-                problems.append(Problem(sel.label, cap.field, f"{sel.name} {msg}", cap.fix))
-    for sel in [s for s in (est, engine, backend) if s] + corrections + processors:
+                (warnings if cap.warn else problems).append(Problem(sel.label, cap.field, f"{sel.name} {msg}", cap.fix))
+    for sel in [s for s in (est, engine, backend, env) if s] + corrections + processors:
         # a parameter schema may define problems() -> [(message, fix)] for constraints across
         # its fields (e.g. tis: --tis-clip-low <= --tis-clip); checked only for selected components
         check = getattr(cfg.params_for(sel.name), "problems", None)
         problems += [Problem(sel.label, "parameters", f"{sel.name}: {msg}", fix) for msg, fix in (check() if callable(check) else ())]
-    chosen = {(s.kind, s.name) for s in [est, engine, backend, *corrections, *processors] if s}
+    chosen = {(s.kind, s.name) for s in [est, engine, backend, env, *corrections, *processors] if s}
     if cfg.reward != "auto" and specs["reward"] is not None:
         chosen.add(("reward", cfg.reward))
     problems += unread_parameters(cfg, reg, chosen)
     problems += [Problem("plugins", "duplicate component", p, "") for p in reg.problems]
-    return Resolved(ctx, specs), problems
+    return Resolved(ctx, specs, tuple(warnings)), problems
 
 
 def validate(cfg: RunConfig, reg: Registry) -> Resolved:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from relax_core import (BackendCapabilities, BackendSpec, DataSourceSpec, EngineCapabilities, EngineSpec,
-                        EstimatorCapabilities, EstimatorSpec, RewardScorerSpec, hookimpl, param)
+                        EnvironmentSpec, EstimatorCapabilities, EstimatorSpec, RewardScorerSpec, hookimpl, param)
 from relax_core.contracts import AdvantageOutput, CorrectionOutput, PolicyLossOutput
 from relax_core.hookspecs import HOOK_KINDS
 from relax_core.numerics import broadcast_to_tokens, group_stats, masked_fill_zero
@@ -50,8 +50,9 @@ BASE_CAPS = EstimatorCapabilities(sync_only=False, supports_fully_async=True, be
 
 
 def infra_plugin() -> types.SimpleNamespace:
-    """The engine 'hf', backend 'torch', data source 'rg:' and scorer 'math' a default config
-    selects (the data source and scorer work: a dry run reads the data and builds the scorer)."""
+    """The engine 'hf', backend 'torch', environment 'single_turn', data source 'rg:' and scorer
+    'math' a default config selects (the data source and scorer work: a dry run reads the data
+    and builds the scorer)."""
     return make_plugin(
         DataSourceSpec(name="rg", scheme="rg", summary="toy data source", source="tests",
                        factory="relax_core_test_toys:build_rows"),
@@ -60,6 +61,8 @@ def infra_plugin() -> types.SimpleNamespace:
                    capabilities=EngineCapabilities(provides_fields=frozenset({"rollout_log_probs"}), supports_weight_update=True)),
         BackendSpec(name="torch", summary="toy backend", source="tests", factory="x:y",
                     capabilities=BackendCapabilities(supports_data_parallel=True, supports_critic=True)),
+        EnvironmentSpec(name="single_turn", summary="toy single turn", source="tests",
+                        factory="relax_core.environments:SingleTurn"),
     )
 
 

@@ -28,5 +28,6 @@ def relax_register_rollout_engines():
             supports_weight_update=True,
             supports_sampling_penalties=True,
             supports_stop_strings=True,
+            supports_token_continuation=True,  # generate() takes any token-id prompt as given
         ),
     )]

@@ -38,5 +38,7 @@ def relax_register_rollout_engines():
             supports_tensor_parallel=True,
             supports_sampling_penalties=True,
             supports_stop_strings=True,
+            supports_token_continuation=True,  # /generate with input_ids
+            supports_prefix_caching=True,  # the radix cache
         ),
     )]

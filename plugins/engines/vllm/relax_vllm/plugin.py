@@ -35,5 +35,7 @@ def relax_register_rollout_engines():
             supports_tensor_parallel=True,
             supports_sampling_penalties=True,
             supports_stop_strings=True,
+            supports_token_continuation=True,  # TokensPrompt(prompt_token_ids=...)
+            supports_prefix_caching=True,  # vLLM V1 automatic prefix caching (on by default)
         ),
     )]
