@@ -88,8 +88,10 @@ CORE_FIELDS: tuple[Field, ...] = (
        pad=PAD_TOKEN),
     _f("loss_mask", "token", "bool", "rollout", "positions that carry loss (model-sampled tokens); holes allowed",
        pad=False),
-    _f("response_lengths", "sample", "long", "rollout", "tokens generated per sample (0 = empty response)"),
-    _f("truncated", "sample", "bool", "rollout", "stopped by the length limit, not by EOS or a stop string"),
+    _f("response_lengths", "sample", "long", "rollout", "tokens of each response (0 = empty); of an episode: its model and environment tokens "
+       "(the model's alone: loss_mask.sum(-1))"),
+    _f("truncated", "sample", "bool", "rollout", "stopped by the length limit, not by EOS or a stop string (an episode: its last model turn, "
+       "or --max-episode-tokens)"),
     _f("rollout_log_probs", "token", "float32", "rollout",
        "log q(y_t) under the engine's sampling distribution (temperature, top-p, top-k applied), nats"),
     _f("top_k_ids", "token", "long", "rollout", "the engine's top-k token ids", trailing=("k",)),
@@ -100,7 +102,21 @@ CORE_FIELDS: tuple[Field, ...] = (
        "MoE expert ids per layer of the input position that predicts token t (-1 = padding)",
        pad=-1, trailing=("L", "E")),
     _f("prompts", "object", None, "rollout", "the prompt texts as the engine saw them"),
-    _f("responses", "object", None, "rollout", "the decoded responses"),
+    _f("responses", "object", None, "rollout",
+       "the decoded responses (of an episode: its last model turn, the text the scorer scores)"),
+    # rollout: the episode runner's bookkeeping (relax_core.episodes), in every run
+    _f("env_mask", "token", "bool", "rollout",
+       "positions holding environment tokens (rendered replies, tool results; loss_mask 0)", pad=False),
+    _f("turn_index", "token", "long", "rollout",
+       "the model turn each token belongs to or answers, from 0 (-1 = padding)", pad=-1),
+    _f("turn_rewards", "token", "float32", "rollout",
+       "the environment's reward of each model turn, on the turn's last model token (0 elsewhere)", pad=0.0),
+    _f("num_turns", "sample", "long", "rollout", "model turns in the episode"),
+    _f("episode_end", "sample", "long", "rollout",
+       "why the episode ended: an index into relax_core.environments.EPISODE_ENDS"),
+    _f("env_rewards", "sample", "float32", "rollout",
+       "the environment's episode reward (sum of its turn rewards); NaN = none, the scorer scores responses"),
+    _f("transcripts", "object", None, "rollout", "the decoded episode: every turn and reply"),
     # loop bookkeeping
     _f("group_index", "sample", "long", "loop", "the prompt group of each sample (groups by index, never position)"),
     _f("prompt_index", "sample", "long", "loop", "the prompt's row in the dataset (exactly-once accounting)"),
@@ -124,6 +140,10 @@ CORE_FIELDS: tuple[Field, ...] = (
 
 FIELDS: dict[str, Field] = {f.name: f for f in CORE_FIELDS}
 
+#: The fields of the episode runner (:mod:`relax_core.episodes`), which every run's rollout has.
+EPISODE_FIELDS = frozenset({"env_mask", "turn_index", "turn_rewards", "num_turns", "episode_end", "env_rewards",
+                            "transcripts"})
+
 #: The fields every run has: the loop's, the reward's and the advantage stage's, what every
 #: engine returns and what every backend's forward gives.  The others (engine log-probs,
 #: top-k heads, routed experts, top-k log-probs of the trainer, plugin fields) exist when
@@ -131,7 +151,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in CORE_FIELDS}
 ALWAYS_PROVIDED = frozenset(
     {f.name for f in CORE_FIELDS if f.stage in ("loop", "reward", "advantage")}
     | {"prompt_ids", "response_ids", "loss_mask", "response_lengths", "truncated", "prompts", "responses",
-       "log_probs", "entropy"})
+       "log_probs", "entropy"} | EPISODE_FIELDS)
 
 #: The engine's top-k head (:class:`~relax_core.contracts.SamplingParams` ``top_k_width``):
 #: asking for either field asks for both.

@@ -217,7 +217,8 @@ class RewardBatch:
     Attributes:
         rewards: float32 ``[B]`` (NaN = unscored).
         group_index: long ``[B]``.
-        response_lengths: long ``[B]`` in tokens.
+        response_lengths: long ``[B]`` model tokens of each response (``loss_mask.sum(-1)``: the
+            environment tokens of an episode are not counted).
         truncated: bool ``[B]``.
         responses: the response texts.
         keep: bool ``[B]`` samples to train on (a filter clears whole groups).

@@ -338,6 +338,7 @@ def run_eval(target: Target, sets: list[EvalSet], scorer: Any, settings: EvalSet
     step_N>/`` for a run, ``./eval-<model>/`` otherwise).  Returns ``(the eval.json
     content, the output directory)``."""
     from relax_core import __version__
+    from relax_core.episodes import build_runner
     from relax_core.launch import make_score
     from relax_core.metrics import git_commit
     from relax_core.rollout import Publisher, Rollout
@@ -353,8 +354,9 @@ def run_eval(target: Target, sets: list[EvalSet], scorer: Any, settings: EvalSet
             from safetensors.torch import load_file
 
             engine.update_weights(load_file(str(target.weights)), 0)
+        score = make_score(scorer, cfg)
         comps = Components(engine=engine, backend=None, estimator=None, corrections=[], processors=[],
-                           score=make_score(scorer, cfg))
+                           score=score, episodes=build_runner(cfg, reg, engine, score))
         rollout = Rollout(cfg, comps, sets[0].data, Publisher(engine, lambda: None, 1))
         max_len = settings.max_response_len or cfg.rollout_max_response_len
         results, samples = {}, []

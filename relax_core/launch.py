@@ -243,6 +243,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
 
     from relax_core.batch import FIELDS
     from relax_core.config import config_to_dict
+    from relax_core.episodes import build_runner
     from relax_core.rewarding import build_processors
     from relax_core.metrics import git_commit
     from relax_core.reward_check import RewardWatch
@@ -292,9 +293,10 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
         backend.setup(needs_ref=cfg.needs_reference_model, needs_critic=est_caps.needs_critic,
                       needs_top_k=top_k > 0, routing_replay=routed, critic_settings=critic_settings)
 
+    score = RewardWatch(make_score(scorer, cfg), scorer, notify=display.message)
     comps = Components(
         engine=engine, backend=backend, estimator=estimator, corrections=corrections, processors=processors,
-        score=RewardWatch(make_score(scorer, cfg), scorer, notify=display.message),
+        score=score, episodes=build_runner(cfg, reg, engine, score),
         needs_critic=est_caps.needs_critic,
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
         rollout_fields=rollout_fields, top_k=top_k,

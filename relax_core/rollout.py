@@ -44,6 +44,8 @@ import torch
 from relax_core.batch import Batch
 from relax_core.contracts import RewardBatch, SamplingParams
 from relax_core.data import DataCursor, Dataset, encode_prompts
+from relax_core.environments import prompt_of
+from relax_core.episodes import episode_metrics, single_turn_runner
 from relax_core.evaluation import sample_metrics
 from relax_core.numerics import ZERO_STD_TOL, group_stats
 from relax_core.rewarding import apply_processors, mean_over_rounds
@@ -226,14 +228,16 @@ class Rollout:
         self.publisher = publisher
         self.cursor = DataCursor(len(data), cfg.seed)
         self.tokenizer = comps.engine.tokenizer
+        self.episodes = comps.episodes or single_turn_runner(comps.engine, cfg)
         self._prompt_cache: dict[int, tuple[str, list[int]]] = {}
 
     def _prompts(self, rows: list[dict], indices: list[int]) -> tuple[list[str], list[list[int]]]:
+        env = self.episodes.environment
         if rows is not self.data.rows:
-            return encode_prompts([rows[i]["prompt"] for i in indices], self.tokenizer, self.cfg)
+            return encode_prompts([prompt_of(env, rows[i]["prompt"]) for i in indices], self.tokenizer, self.cfg)
         todo = [i for i in indices if i not in self._prompt_cache]
         if todo:
-            texts, ids = encode_prompts([rows[i]["prompt"] for i in todo], self.tokenizer, self.cfg)
+            texts, ids = encode_prompts([prompt_of(env, rows[i]["prompt"]) for i in todo], self.tokenizer, self.cfg)
             self._prompt_cache.update(zip(todo, zip(texts, ids)))
         return [self._prompt_cache[i][0] for i in indices], [self._prompt_cache[i][1] for i in indices]
 
@@ -246,15 +250,14 @@ class Rollout:
 
     def generate(self, rows: list[dict], indices: list[int], n: int, sampling: SamplingParams,
                  group_offset: int) -> Batch:
-        """``n`` samples of each prompt ``rows[i]``, as the engine returns them (tokens,
-        ``loss_mask``, log-probs), with the loop's bookkeeping fields; rewards NaN."""
+        """``n`` episodes of each prompt ``rows[i]`` (:mod:`relax_core.episodes`: the engine's
+        tokens, ``loss_mask`` and log-probs, the environment's replies), with the loop's
+        bookkeeping fields; rewards NaN."""
         texts, ids = self._prompts(rows, indices)
         rep = [j for j in range(len(indices)) for _ in range(n)]
         version = self.publisher.held
-        out = self.c.engine.generate([ids[j] for j in rep], sampling)
-        if out.loss_mask is None:
-            raise ValueError(f"the rollout engine {type(self.c.engine).__name__} returned no loss_mask "
-                             "(GenerationOutput.loss_mask: the positions that carry loss)")
+        out = self.episodes.generate([rows[indices[j]] for j in rep], [texts[j] for j in rep], [ids[j] for j in rep],
+                                     sampling)
         b = len(rep)
         return Batch(**out.items(), prompt_ids=[ids[j] for j in rep], prompts=[texts[j] for j in rep],
                      rewards=torch.full((b,), math.nan), group_index=torch.as_tensor([group_offset + j for j in rep]),
@@ -262,14 +265,21 @@ class Rollout:
                      labels=[rows[indices[j]]["label"] for j in rep], metadata=[rows[indices[j]]["metadata"] for j in rep])
 
     def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """Raw rewards from the scorer (NaN = unscored) and its error counts."""
-        rewards, metrics = self.c.score(batch.responses, batch.labels, batch.metadata, batch.prompts)
-        return batch.replace(rewards=torch.tensor([math.nan if r is None else float(r) for r in rewards])), metrics
+        """Raw rewards (NaN = unscored) and the scorer's error counts: the environment's
+        episode reward where it gave one (``env_rewards``), else the scorer's of ``responses``."""
+        env = batch.env_rewards
+        todo = list(range(batch.size)) if env is None else torch.isnan(env).nonzero().flatten().tolist()
+        pick = lambda xs: [xs[i] for i in todo]  # noqa: E731
+        scored, metrics = self.c.score(pick(batch.responses), pick(batch.labels), pick(batch.metadata),
+                                       pick(batch.prompts)) if todo else ([], {})
+        rewards = torch.full((batch.size,), math.nan) if env is None else env.clone()
+        rewards[todo] = torch.tensor([math.nan if r is None else float(r) for r in scored])
+        return batch.replace(rewards=rewards), metrics
 
     def post_process(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Run the post-processors in order; drop the samples they do not keep."""
         rb = RewardBatch(rewards=batch.rewards.clone(), group_index=batch.group_index,
-                         response_lengths=batch.response_lengths, truncated=batch.truncated,
+                         response_lengths=batch.loss_mask.sum(-1), truncated=batch.truncated,
                          responses=batch.responses, keep=torch.ones(batch.size, dtype=torch.bool))
         rb = apply_processors(self.c.processors, rb)
         batch = batch.replace(rewards=rb.rewards.float())
@@ -323,6 +333,8 @@ class Rollout:
             batch = batch.select([i for i, g in enumerate(batch.group_index.tolist()) if g in first])
         metrics.update(rollout_metrics(batch, generated))
         metrics.update(staleness_metrics(batch.weight_version, step))
+        if self.episodes.max_turns > 1:
+            metrics.update(episode_metrics(batch))
         if hasattr(self.c.engine, "restarts"):
             metrics["rollout/engine_restarts"] = float(self.c.engine.restarts)
         metrics["perf/rollout_time"] = t_gen

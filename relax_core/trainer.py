@@ -64,6 +64,8 @@ class Components:
     top_k: int = 0
     """Width of the top-k head, when ``rollout_fields`` asks for it."""
     num_critic_only_steps: int = 0
+    episodes: Any = None
+    """The :class:`~relax_core.episodes.EpisodeRunner` of ``--environment`` (``None``: single turn)."""
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""relax-single-turn: the default environment (prompt -> one completion)."""
