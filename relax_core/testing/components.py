@@ -87,6 +87,36 @@ def synthetic_batch(n: int, *, seed: int = 0) -> SyntheticBatch:
         ref_log_probs=old + 0.1 * torch.randn(b, T, generator=g), values=torch.randn(b, T, generator=g))
 
 
+#: holes of :func:`with_holes`: (compact position, hole length): environment tokens inserted
+#: before compact positions 2 and 5 of every response long enough to have them
+HOLES = ((2, 2), (5, 3))
+
+
+def with_holes(b: SyntheticBatch) -> tuple[SyntheticBatch, Tensor]:
+    """``b`` as multi-turn episodes: the same model tokens with environment tokens (holes in
+    ``loss_mask``, garbage in every token field) inserted between them, at :data:`HOLES`.
+
+    Returns:
+        ``(holed, dest)``: the holed batch (``T`` + 5 positions; ``response_lengths`` count the
+        holes, as an episode's do) and long ``[T]`` ``dest``, the holed position of each
+        compact one, so that ``holed.x[:, dest] == b.x`` at the model tokens.
+    """
+    j = torch.arange(T)
+    dest = j + sum(n * (j >= at) for at, n in HOLES)  # [T]
+    width = T + sum(n for _, n in HOLES)
+    mask = torch.zeros(b.loss_mask.shape[0], width, dtype=torch.bool)
+    mask[:, dest] = b.loss_mask
+
+    def spread(x: Tensor) -> Tensor:
+        out = fill_masked(torch.zeros(x.shape[0], width, dtype=x.dtype), mask, True)
+        out[:, dest] = torch.where(b.loss_mask, x, out[:, dest])
+        return out
+
+    lengths = torch.where(b.response_lengths > 0, dest[(b.response_lengths - 1).clamp(min=0)] + 1, 0)
+    return dataclasses.replace(b, loss_mask=mask, response_lengths=lengths,
+                               **{f: spread(getattr(b, f)) for f in b.token_fields()}), dest
+
+
 # --------------------------------------------------------------------------- assertions
 
 
@@ -229,6 +259,9 @@ def check_estimator(spec: Any, params: Any, caps: Any, cfg: Any, checks: Checks,
         require(torch.isfinite(loss), f"reduced loss {float(loss)} is not finite")
         _grad_ok(grad, mask, "log_probs")
         require(grad.dtype == torch.bfloat16, f"gradient w.r.t. bfloat16 log_probs has dtype {grad.dtype}")
+    if caps.supports_loss_mask_holes:
+        with checks.check("supports_loss_mask_holes: environment tokens inside responses change nothing"):
+            _check_holes(est, batch, adv, cfg)
     if caps.needs_critic:
         with checks.check("value_loss"):
             mode, norm = _reduction(cfg)
@@ -252,6 +285,27 @@ def check_estimator(spec: Any, params: Any, caps: Any, cfg: Any, checks: Checks,
     if caps.supports_context_parallel and distributed:
         with checks.check("supports_context_parallel: same loss and gradient over 2 ranks"):
             _check_context_parallel(spec, params, cfg, batch, adv)
+
+
+def _check_holes(est: Any, batch: SyntheticBatch, adv: Tensor, cfg: Any) -> None:
+    """The same responses with holes (:func:`with_holes`, garbage in them) give the same
+    advantages and returns at the model tokens, 0 in the holes, and the same reduced loss and
+    gradient: the estimator counts tokens with ``loss_mask``, not positions or lengths."""
+    holed, dest = with_holes(batch.variant(False))
+    mask = holed.loss_mask
+    out = est.compute_advantages(_advantage_input(holed))
+    _finite_at(out.advantages, mask, "advantages with holes")
+    require(not (out.advantages.detach() != 0)[~mask].any(), "advantages are not 0 in the holes")
+    _same(out.advantages[:, dest], adv, batch.loss_mask, "advantages at the model tokens, with holes")
+    clean = est.compute_advantages(_advantage_input(batch.variant(False)))
+    _same(out.returns[:, dest], clean.returns, batch.loss_mask, "returns at the model tokens, with holes")
+    a = fill_masked(torch.zeros_like(holed.log_probs), mask, True)
+    a[:, dest] = torch.where(batch.loss_mask, adv, a[:, dest])
+    _, l_holed, g_holed = policy_loss_value_and_grad(est, holed, a, cfg)
+    _, l_compact, g_compact = policy_loss_value_and_grad(est, batch.variant(False), adv, cfg)
+    _same(l_holed, l_compact, None, "reduced loss with holes")
+    _grad_ok(g_holed, mask, "log_probs with holes")
+    _same(g_holed[:, dest], g_compact, None, "gradient w.r.t. log_probs at the model tokens, with holes")
 
 
 # --------------------------------------------------------------------------- context parallel

@@ -11,6 +11,7 @@ class CISPOParams(PPOClipParams, GroupAdvantageParams):
 
 
 CAPABILITIES = EstimatorCapabilities(
+    supports_loss_mask_holes=True,  # verified by the contract kit (with_holes)
     supports_context_parallel=True,  # token-local loss
     sync_only=False,
     supports_fully_async=True,  # the clipped IS weight corrects stale samples

@@ -23,6 +23,7 @@ class GRPOParams(DualClipParams, GroupAdvantageParams):
 
 def _capabilities(p: GRPOParams) -> EstimatorCapabilities:
     return EstimatorCapabilities(
+        supports_loss_mask_holes=True,  # verified by the contract kit (with_holes)
         supports_context_parallel=True,
         sync_only=False,
         supports_fully_async=True,

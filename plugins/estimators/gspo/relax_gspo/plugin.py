@@ -11,6 +11,7 @@ class GSPOParams(DualClipParams, GroupAdvantageParams):
 
 
 CAPABILITIES = EstimatorCapabilities(
+    supports_loss_mask_holes=True,  # verified by the contract kit (with_holes)
     # The ratio of a token depends on its whole sequence's log-ratios: a context-parallel
     # shard cannot compute it alone (not verified with all-reduced sums), so CP is refused.
     supports_context_parallel=False,

@@ -22,6 +22,7 @@ class PPOParams(DualClipParams):
 
 
 CAPABILITIES = EstimatorCapabilities(
+    supports_loss_mask_holes=True,  # verified by the contract kit (with_holes)
     supports_context_parallel=True,  # GAE runs on whole sequences; both losses are token-local
     sync_only=True,
     supports_fully_async=False,

@@ -3,6 +3,7 @@
 from relax_core import DualClipParams, EstimatorCapabilities, EstimatorSpec, hookimpl
 
 CAPABILITIES = EstimatorCapabilities(
+    supports_loss_mask_holes=True,  # verified by the contract kit (with_holes)
     supports_context_parallel=False,
     sync_only=True,
     supports_fully_async=False,

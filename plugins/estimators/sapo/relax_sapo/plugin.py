@@ -14,6 +14,7 @@ class SAPOParams(GroupAdvantageParams):
 
 
 CAPABILITIES = EstimatorCapabilities(
+    supports_loss_mask_holes=True,  # verified by the contract kit (with_holes)
     supports_context_parallel=True,  # token-local loss
     sync_only=False,
     supports_fully_async=True,
