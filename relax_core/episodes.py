@@ -186,11 +186,11 @@ class EpisodeRunner:
                 e.context += ids.tolist()
                 e.used += n
                 e.turns += 1
-                if n < lengths[j]:
-                    e.end, e.last_text = MAX_EPISODE_TOKENS, tok.decode(ids.tolist(), skip_special_tokens=True)
-                    continue
-                e.last_text = out.responses[j]
-                if bool(out.truncated[j]):
+                cut = bool(out.truncated[j]) or n < lengths[j]
+                e.last_text = out.responses[j] if n == lengths[j] else tok.decode(ids.tolist(), skip_special_tokens=True)
+                if cut and n == n_room and n_room < sampling.max_new_tokens:
+                    e.end = MAX_EPISODE_TOKENS  # cut by the episode's budget, not by the turn's limit
+                elif cut:
                     e.end = TURN_LENGTH
                 else:
                     stepping.append((i, j))

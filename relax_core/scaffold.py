@@ -71,6 +71,7 @@ _USAGE = {
                         "    relax train --reward-processor {name} --dry-run\n",
     "engine": "    relax capabilities --kind engine\n    relax train --rollout-engine {name} --dry-run\n",
     "backend": "    relax capabilities --kind backend\n    relax train --train-backend {name} --dry-run\n",
+    "environment": "    relax capabilities --kind environment\n    relax train --environment {name} --dry-run\n",
 }
 
 _PLUGIN = {
@@ -205,6 +206,33 @@ def relax_register_train_backends():
         source="TODO: the training library this wraps",
         factory="relax_$name.$impl:build",
         capabilities=BackendCapabilities(devices=frozenset({"cpu"})),
+    )]
+'''),
+    "environment": Template('''\
+"""Hook implementations of relax-$dash (registration only: nothing heavy is imported)."""
+
+from dataclasses import dataclass
+
+from relax_core import EnvironmentCapabilities, EnvironmentSpec, hookimpl, param
+
+
+@dataclass(frozen=True)
+class Params:
+    reminder: str = param("Check your answer and give it again.", "The reply to the model's first answer.")
+
+
+@hookimpl
+def relax_register_environments():
+    return [EnvironmentSpec(
+        name="$name",
+        summary=$qsummary,
+        source="TODO: where the task or the interaction protocol comes from",
+        factory="relax_$name.$impl:build",
+        params=Params,
+        capabilities=EnvironmentCapabilities(
+            multi_turn=True,      # two model turns: the engine continues from tokens
+            turn_rewards=False,   # no reward of its own: the run's scorer scores the last answer
+        ),
     )]
 '''),
 }
@@ -408,6 +436,42 @@ class Backend:
 def build(params, config) -> Backend:
     return Backend()
 '''),
+    "environment": Template('''\
+"""$docsummary
+
+Episode (TODO: replace with yours): the model answers, the environment replies with a
+reminder (a user message), the model answers again and the episode ends.  It returns no
+reward, so the run's scorer scores the last answer.  The host owns the tokens: it renders
+the reply through the chat template (loss_mask 0) and never re-tokenises the model's turns
+(relax_core.environments).
+"""
+
+from __future__ import annotations
+
+from relax_core.environments import Reply, Turn
+
+
+class Environment:
+    def __init__(self, reminder: str):
+        self.reminder = reminder
+
+    def start(self, row: dict) -> "Episode":
+        return Episode(self.reminder)
+
+
+class Episode:
+    def __init__(self, reminder: str):
+        self.reminder = reminder
+
+    def step(self, turn: Turn) -> Reply:
+        if turn.index == 0:
+            return Reply(messages=({"role": "user", "content": self.reminder},))
+        return Reply(done=True)
+
+
+def build(params, config) -> Environment:
+    return Environment(reminder=params.reminder)
+'''),
 }
 
 _TESTS_COMMON = Template('''\
@@ -505,11 +569,23 @@ def test_penalty_by_hand():
 ''',
     "engine": "",
     "backend": "",
+    "environment": '''
+
+def test_episode_by_hand():
+    from relax_core.environments import Turn
+
+    episode = _spec().build().start({"prompt": "What is 2 + 3?", "label": "5", "metadata": {}})
+    first = episode.step(Turn(text="4", index=0))
+    assert not first.done and first.messages == ({"role": "user", "content": "Check your answer and give it again."},)
+    last = episode.step(Turn(text="5", index=1))
+    assert last.done and last.reward is None  # the run's scorer scores "5"
+''',
 }
 
 _HOOKS = {k.name: k.hook for k in SPEC_KINDS}
 _IMPL_NAMES = {"estimator": "estimator", "correction": "correction", "reward": "scorer",
-               "reward_processor": "processor", "engine": "engine", "backend": "backend"}
+               "reward_processor": "processor", "engine": "engine", "backend": "backend",
+               "environment": "environment"}
 
 
 def write_plugin(kind: str, name: str, dest: str | Path | None = None, summary: str | None = None) -> Path:

@@ -47,6 +47,14 @@ What is checked (each failure is collected; one ``AssertionError`` lists them al
 - reward scorers: return a finite float or ``None`` for a few inputs (or refuse an input
   they cannot interpret with a ``ValueError`` that says why);
 - reward post-processors: keep the batch's shapes and dtypes;
+- environments: built, an episode of a toy row steps (at most ``--max-turns`` 8 times) and
+  every step returns a :class:`~relax_core.environments.Reply` whose messages are
+  ``{"role", "content"}`` dicts with string content and whose reward is finite or ``None``;
+  an environment that does not declare ``multi_turn`` is done after its first turn;
+- estimators declaring ``supports_loss_mask_holes``: the same responses with environment
+  tokens inserted (holes in ``loss_mask``, NaN/1e9 garbage in them, ``response_lengths``
+  counting them) give the same advantages and returns at the model tokens, 0 in the holes,
+  and the same reduced loss and gradient;
 - engines, backends, data sources: spec-level checks only (building them needs models).
 
 The 2-rank check starts two worker subprocesses once per process (a few seconds: each

@@ -484,3 +484,38 @@ def check_reward_processor(spec: Any, params: Any, cfg: Any, checks: Checks) -> 
         _tensor(out.keep, "keep", (n,), torch.bool)
         _tensor(out.group_index, "group_index", (n,))
         _scalar_metrics(out.metrics, "metrics")
+
+
+# --------------------------------------------------------------------------- environments
+
+#: the row an environment's episode is checked on
+TOY_ROW = {"prompt": "What is 2 + 3?", "label": "5", "metadata": {}}
+
+
+def check_environment(spec: Any, params: Any, caps: Any, cfg: Any, checks: Checks) -> None:
+    """An episode of :data:`TOY_ROW` with the answers ``"5"`` (score 1) or ``"4"`` (score 0)
+    in turn: each step returns a well-formed :class:`~relax_core.environments.Reply`, and an
+    environment not declaring ``multi_turn`` is done after its first turn."""
+    from relax_core.environments import Reply, Turn
+
+    env = None
+    with checks.check("build"):
+        env = spec.build(params, cfg)
+        require(callable(getattr(env, "start", None)), "the built object has no start(row)")
+    if env is None:
+        return
+    with checks.check("episode"):
+        episode = env.start(dict(TOY_ROW))
+        require(callable(getattr(episode, "step", None)), "start(row) returned an object without step(turn)")
+        for k in range(8):
+            text = "4" if k % 2 == 0 else "5"
+            reply = episode.step(Turn(text=text, index=k, score=float(text == "5") if caps.scores_turns else None))
+            require(isinstance(reply, Reply), f"step returned {type(reply).__name__}, expected Reply")
+            require(reply.reward is None or math.isfinite(reply.reward), f"reward {reply.reward} is not finite")
+            for m in reply.messages:
+                require(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str),
+                        f"reply message {m!r} is not a {{'role': str, 'content': str}} dict")
+            if not caps.multi_turn:
+                require(reply.done, "does not declare multi_turn but is not done after its first turn")
+            if reply.done:
+                break

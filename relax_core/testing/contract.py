@@ -96,6 +96,10 @@ def check_contract(spec: ComponentSpec, params: Any = None, *, config: RunConfig
             from relax_core.testing.components import check_reward_processor
 
             check_reward_processor(spec, params, config, checks)
+        elif kind == "environment" and caps is not None:
+            from relax_core.testing.components import check_environment
+
+            check_environment(spec, params, caps, config, checks)
     checks.raise_if_failed()
 
 

@@ -96,6 +96,10 @@ class ToyReinforce:
         out = broadcast_to_tokens(adv, inp.loss_mask)
         if self.variant == "adv_at_masked":
             out = adv[:, None].expand(inp.loss_mask.shape).float()
+        if self.variant == "length_adv":  # broadcast over the first response_lengths positions, not loss_mask
+            from relax_core.batch import length_mask
+
+            out = broadcast_to_tokens(adv, length_mask(inp.response_lengths, inp.loss_mask.shape[1]))
         return AdvantageOutput(advantages=out, returns=out.clone(), metrics={"rollout/toy_adv_mean": float(adv.mean())})
 
     def policy_loss(self, inp):
@@ -132,6 +136,10 @@ def build_metric_garbage(params, config):
 
 def build_seq_ratio_local(params, config):
     return ToyReinforce("seq_ratio_local")
+
+
+def build_length_adv(params, config):
+    return ToyReinforce("length_adv")
 
 
 def build_adv_at_masked(params, config):

@@ -1,0 +1,1 @@
+"""relax-retry: a wrong answer gets feedback and another attempt."""
