@@ -1,0 +1,1 @@
+"""relax-tools: function calling with an exact calculator."""

@@ -1,0 +1,65 @@
+"""The tools environment: call parsing, results and errors as tool messages, the final
+answer ending the episode, the prompt instructions, the contract kit and the entry point."""
+
+import json
+import subprocess
+import sys
+
+from relax_core.environments import Turn
+from relax_tools import plugin
+from relax_tools.tools import run_call, tool_calls
+
+
+def _spec():
+    return plugin.relax_register_environments()[0]
+
+
+def test_contract(relax_contract):
+    relax_contract(_spec())
+
+
+def test_parse_calls():
+    text = ('Let me compute. <tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>'
+            ' and <tool_call>{"name": "calculator", "arguments": {"expression": "7*6"}}')  # unclosed at the end
+    assert tool_calls(text) == ['{"name": "calculator", "arguments": {"expression": "2+3"}}',
+                                '{"name": "calculator", "arguments": {"expression": "7*6"}}']
+    assert tool_calls("The answer is 5.") == []
+
+
+def test_episode_by_hand():
+    env = _spec().build()
+    episode = env.start({"prompt": "What is 123*456?", "label": "56088", "metadata": {}})
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "123*456"}}</tool_call>'
+    reply = episode.step(Turn(text=call, index=0))
+    assert not reply.done and reply.messages == ({"role": "tool", "content": "56088"},)
+    assert reply.reward is None
+    last = episode.step(Turn(text="The answer is 56088.", index=1))
+    assert last.done and last.reward is None  # the run's scorer scores the final answer
+    assert env.prompt("Q?").startswith("Q?\n\nYou may call these tools:\n")
+    assert json.loads(env.prompt("Q?").split("\n")[3])["function"]["name"] == "calculator"
+    assert _spec().build(_spec().params(instructions=False)).prompt("Q?") == "Q?"
+
+
+def test_call_errors_are_tool_messages():
+    tools = _spec().build().tools
+    assert run_call("{not json", tools).startswith("error: the tool call is not valid JSON")
+    assert run_call('{"name": "python", "arguments": {}}', tools) == "error: unknown tool 'python' (tools: calculator)"
+    assert run_call('{"name": "calculator", "arguments": {"expr": "1"}}', tools) == \
+        "error: calculator takes the arguments expression"
+    assert run_call('{"name": "calculator", "arguments": "{\\"expression\\": \\"1+1\\"}"}', tools) == "2"
+    assert run_call('[1, 2]', tools) == 'error: a tool call is {"name": <tool>, "arguments": {...}}'
+    assert run_call('{"name": "calculator", "arguments": {"expression": "__import__(1)"}}', tools).startswith(
+        "error: 'Call' is not allowed")
+
+
+def test_unknown_tools_are_refused_at_startup():
+    assert _spec().params(tools="calculator").problems() == []
+    (msg, fix), = _spec().params(tools="calculator,python").problems()
+    assert msg == "unknown tool(s) python in --tools" and fix == "choose from calculator"
+
+
+def test_registered_through_the_entry_point():
+    out = subprocess.run([sys.executable, "-m", "cli.main", "plugins", "--json"], capture_output=True, text=True,
+                         check=True)
+    assert {"kind": "environment", "name": "tools"} in [c for p in json.loads(out.stdout)["plugins"]
+                                                         for c in p["components"]]
