@@ -26,7 +26,8 @@ _KIND_TITLES = {k.name: k.title for k in KINDS}
 
 #: The hand-written guide section each kind's pages point to (paths relative to the page).
 _GUIDE = {"estimator": "[Algorithms and corrections](../../guide/algorithms.md#values-the-tests-pin)",
-          "correction": "[Algorithms and corrections](../../guide/algorithms.md#corrections)"}
+          "correction": "[Algorithms and corrections](../../guide/algorithms.md#corrections)",
+          "environment": "[Environments](../../guide/environments.md#the-built-in-environments)"}
 
 
 def _bounds(meta) -> str:
