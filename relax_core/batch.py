@@ -116,7 +116,7 @@ CORE_FIELDS: tuple[Field, ...] = (
        "why the episode ended: an index into relax_core.environments.EPISODE_ENDS"),
     _f("env_rewards", "sample", "float32", "rollout",
        "the environment's episode reward (sum of its turn rewards); NaN = none, the scorer scores responses"),
-    _f("transcripts", "object", None, "rollout", "the decoded episode: every turn and reply"),
+    _f("transcripts", "object", None, "rollout", "the episode's text: each model turn's (as the engine decoded it) and each rendered reply"),
     # loop bookkeeping
     _f("group_index", "sample", "long", "loop", "the prompt group of each sample (groups by index, never position)"),
     _f("prompt_index", "sample", "long", "loop", "the prompt's row in the dataset (exactly-once accounting)"),

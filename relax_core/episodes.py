@@ -83,17 +83,19 @@ class ReplyRenderer:
                              "reply cannot be rendered on its own (use --no-apply-chat-template)")
         return close + full[len(self._closed):]
 
-    def render(self, messages: tuple[dict, ...] | list[dict], last_token: str) -> list[int]:
-        """Token ids of :meth:`text` (special tokens in it are parsed, none added)."""
-        return self.tokenizer(self.text(messages, last_token), add_special_tokens=False)["input_ids"]
+    def render(self, messages: tuple[dict, ...] | list[dict], last_token: str) -> tuple[str, list[int]]:
+        """:meth:`text` and its token ids (special tokens in it are parsed, none added)."""
+        text = self.text(messages, last_token)
+        return text, self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 @dataclasses.dataclass
 class _Part:
     """A piece of an episode's response: a model turn (row ``row`` of the engine output ``out``,
-    its first ``n`` tokens) or a rendered reply (``ids``)."""
+    its first ``n`` tokens) or a rendered reply (``ids``); ``text`` is its text."""
 
     turn: int
+    text: str = ""
     out: Any = None
     row: int = 0
     n: int = 0
@@ -188,6 +190,7 @@ class EpisodeRunner:
                 e.turns += 1
                 cut = bool(out.truncated[j]) or n < lengths[j]
                 e.last_text = out.responses[j] if n == lengths[j] else tok.decode(ids.tolist(), skip_special_tokens=True)
+                e.parts[-1].text = e.last_text
                 if cut and n == n_room and n_room < sampling.max_new_tokens:
                     e.end = MAX_EPISODE_TOKENS  # cut by the episode's budget, not by the turn's limit
                 elif cut:
@@ -211,11 +214,11 @@ class EpisodeRunner:
                     e.end = MAX_TURNS
                     continue
                 last = tok.decode([e.context[-1]], skip_special_tokens=False)
-                env_ids = self.renderer.render(reply.messages, last)
+                env_text, env_ids = self.renderer.render(reply.messages, last)
                 if limit is not None and e.used + len(env_ids) >= limit:
                     e.end = MAX_EPISODE_TOKENS  # no room for the reply and a model token after it
                     continue
-                e.parts.append(_Part(turn=k, ids=torch.tensor(env_ids, dtype=torch.long)))
+                e.parts.append(_Part(turn=k, text=env_text, ids=torch.tensor(env_ids, dtype=torch.long)))
                 e.context += env_ids
                 e.used += len(env_ids)
         return self._assemble(eps)
@@ -262,14 +265,12 @@ class EpisodeRunner:
         }
         lengths = torch.tensor([e.used for e in eps], dtype=torch.long)
         end = torch.tensor([e.end for e in eps], dtype=torch.long)
-        ids = fields["response_ids"]
         return GenerationOutput(
             **fields, response_lengths=lengths, num_turns=torch.tensor([e.turns for e in eps], dtype=torch.long),
             truncated=(end == TURN_LENGTH) | (end == MAX_EPISODE_TOKENS), episode_end=end,
             env_rewards=torch.tensor([sum(e.rewards) if e.rewards else math.nan for e in eps], dtype=torch.float32),
             responses=[e.last_text for e in eps],
-            transcripts=self.renderer.tokenizer.batch_decode(
-                [row[:n].tolist() for row, n in zip(ids, lengths.tolist())], skip_special_tokens=False))
+            transcripts=["".join(p.text for p in e.parts) for e in eps])
 
 
 def episode_metrics(batch: Any) -> dict[str, float]:

@@ -94,7 +94,8 @@ def test_chatml_reply_rendering_by_hand(tokenizer):
     assert r.text(msgs, "x") == "<|im_end|>\n<|im_start|>user\nno<|im_end|>\n<|im_start|>assistant\n"
     assert r.text(({"role": "tool", "content": "7"},), "<|im_end|>") == \
         "\n<|im_start|>tool\n7<|im_end|>\n<|im_start|>assistant\n"
-    ids = r.render(msgs, "<|im_end|>")
+    text, ids = r.render(msgs, "<|im_end|>")
+    assert text == r.text(msgs, "<|im_end|>")
     assert ids[1] == tokenizer.convert_tokens_to_ids("<|im_start|>") and ids[-2:] == tokenizer(
         "assistant\n", add_special_tokens=False)["input_ids"][-2:]
     plain = ReplyRenderer(tokenizer, False)
@@ -103,7 +104,7 @@ def test_chatml_reply_rendering_by_hand(tokenizer):
 
 def test_two_turn_episode_bookkeeping_by_hand(tokenizer):
     out, engine, env = run(tokenizer, {100: [[1010, 1011, EOS], [1012, EOS]]}, {100: ["no", None]}, {100: [0.5, 1.0]})
-    reply = ReplyRenderer(tokenizer, True).render(({"role": "user", "content": "no"},), "<|im_end|>")
+    reply = ReplyRenderer(tokenizer, True).render(({"role": "user", "content": "no"},), "<|im_end|>")[1]
     r = len(reply)
     assert out.response_ids[0].tolist() == [1010, 1011, EOS, *reply, 1012, EOS]
     assert out.loss_mask[0].tolist() == [True] * 3 + [False] * r + [True] * 2
@@ -123,6 +124,8 @@ def test_two_turn_episode_bookkeeping_by_hand(tokenizer):
     assert out.env_rewards.tolist() == [1.5]
     assert out.responses == [tokenizer.decode([1012], skip_special_tokens=True)]  # the last turn: what is scored
     assert env.seen == [(100, 0, tokenizer.decode([1010, 1011])), (100, 1, tokenizer.decode([1012]))]
+    reply_text = "\n<|im_start|>user\nno<|im_end|>\n<|im_start|>assistant\n"
+    assert out.transcripts == [tokenizer.decode([1010, 1011]) + reply_text + tokenizer.decode([1012])]
 
 
 def test_episode_ends_turn_length_max_turns_and_no_reward(tokenizer):
@@ -144,7 +147,7 @@ def test_episode_ends_turn_length_max_turns_and_no_reward(tokenizer):
 
 
 def test_max_episode_tokens_cuts_a_turn_and_refuses_a_reply(tokenizer):
-    reply = len(ReplyRenderer(tokenizer, True).render(({"role": "user", "content": "no"},), "<|im_end|>"))
+    reply = len(ReplyRenderer(tokenizer, True).render(({"role": "user", "content": "no"},), "<|im_end|>")[1])
     # limit 6 < max_new 8: 100's first turn is cut to its first 6 tokens by the budget, not by the turn's limit
     out, engine, _ = run(tokenizer, {100: [[1010, 1011, 1012, 1013, 1014, 1015, 1016, EOS]], 101: [[1030, EOS], [1031, EOS]]},
                          {100: ["no"], 101: ["no", None]}, {100: [None], 101: [None, None]}, limit=6, max_new=8)

@@ -30,10 +30,10 @@ class ToyScale:
     """Scales the per-token loss by ``toy_weight``; remembers what it saw."""
 
     def __init__(self) -> None:
-        self.seen: list[torch.Tensor] = []
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []  # (toy_weight, loss_mask) per micro-batch
 
     def apply(self, inp):
-        self.seen.append(inp.toy_weight.detach().clone())
+        self.seen.append((inp.toy_weight.detach().clone(), inp.loss_mask.clone()))
         return CorrectionOutput(loss=inp.loss * inp.toy_weight)
 
 

@@ -37,10 +37,12 @@ def test_the_loop_carries_a_plugin_field_from_engine_to_correction(registry, tmp
     tr, _ = make_trainer(tmp_path, fakes=f, num_rollout=2, save_debug_rollout_data=str(tmp_path / "replay"))
     tr.c.corrections = [scale]
     assert tr.run() == EXIT_OK
-    assert sum(len(x) for x in scale.seen) == 2 * 8  # every sample of both steps (2 prompts × 4), by micro-batch
-    for seen in scale.seen:
+    assert sum(len(x) for x, _ in scale.seen) == 2 * 8  # every sample of both steps (2 prompts × 4), by micro-batch
+    for seen, mask in scale.seen:  # the engine's values at the sampled tokens (garbage elsewhere, by contract)
         t = seen.shape[1]
-        torch.testing.assert_close(seen, 1.0 + torch.arange(t, dtype=torch.float32).expand_as(seen) / 10)
+        expected = 1.0 + torch.arange(t, dtype=torch.float32).expand_as(seen) / 10
+        assert mask.any()
+        torch.testing.assert_close(seen[mask], expected[mask])
     replay = Batch.load(tmp_path / "replay" / "step_000001")
     assert replay.toy_weight.shape == replay.response_ids.shape
 
