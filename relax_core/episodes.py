@@ -121,7 +121,11 @@ class _Episode:
     turns: int = 0
     end: int = -1
     rewards: list[float] = dataclasses.field(default_factory=list)
-    last_text: str = ""
+
+    @property
+    def last_text(self) -> str:
+        """The text of its last model turn."""
+        return next(p.text for p in reversed(self.parts) if p.model)
 
 
 def turn_seed(seed: int | None, turn: int) -> int | None:
@@ -152,6 +156,9 @@ class EpisodeRunner:
         self.max_episode_tokens = max_episode_tokens
         self.score = score
         self.pad_token_id = pad_token_id
+        self.score_metrics: dict[str, float] = {}
+        """The scorer's counts (``rollout/reward_errors``, …) summed over the turns it scored in
+        the last :meth:`generate` call."""
 
     def generate(self, rows: list[dict], prompts: list[str], prompt_ids: list[list[int]],
                  sampling: SamplingParams) -> GenerationOutput:
@@ -167,6 +174,7 @@ class EpisodeRunner:
             ValueError: the engine returned no ``loss_mask``, or a reply cannot be rendered.
         """
         eps = [_Episode(self.environment.start(r), list(p)) for r, p in zip(rows, prompt_ids)]
+        self.score_metrics = {}
         limit = self.max_episode_tokens
         tok = self.renderer.tokenizer
         for k in range(self.max_turns):
@@ -184,13 +192,12 @@ class EpisodeRunner:
             for j, (i, n_room) in enumerate(zip(active, room)):
                 e, n = eps[i], min(lengths[j], n_room)
                 ids = out.response_ids[j, :n]
-                e.parts.append(_Part(turn=k, out=out, row=j, n=n))
+                text = out.responses[j] if n == lengths[j] else tok.decode(ids.tolist(), skip_special_tokens=True)
+                e.parts.append(_Part(turn=k, text=text, out=out, row=j, n=n))
                 e.context += ids.tolist()
                 e.used += n
                 e.turns += 1
                 cut = bool(out.truncated[j]) or n < lengths[j]
-                e.last_text = out.responses[j] if n == lengths[j] else tok.decode(ids.tolist(), skip_special_tokens=True)
-                e.parts[-1].text = e.last_text
                 if cut and n == n_room and n_room < sampling.max_new_tokens:
                     e.end = MAX_EPISODE_TOKENS  # cut by the episode's budget, not by the turn's limit
                 elif cut:
@@ -199,8 +206,11 @@ class EpisodeRunner:
                     stepping.append((i, j))
             scores = [None] * len(stepping)
             if self.score is not None and stepping:
-                scores, _ = self.score([eps[i].last_text for i, _ in stepping], [rows[i]["label"] for i, _ in stepping],
-                                       [rows[i]["metadata"] for i, _ in stepping], [prompts[i] for i, _ in stepping])
+                scores, counts = self.score([eps[i].last_text for i, _ in stepping],
+                                            [rows[i]["label"] for i, _ in stepping],
+                                            [rows[i]["metadata"] for i, _ in stepping], [prompts[i] for i, _ in stepping])
+                for name, v in counts.items():
+                    self.score_metrics[name] = self.score_metrics.get(name, 0.0) + v
             for (i, j), s in zip(stepping, scores):
                 e = eps[i]
                 reply: Reply = e.episode.step(Turn(text=e.last_text, index=k, score=s))

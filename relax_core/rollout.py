@@ -309,6 +309,8 @@ class Rollout:
                 batch = self.generate(self.data.rows, indices, cfg.n_samples_per_prompt,
                                       self.sampling(sampling_seed(cfg.seed, step, r)),
                                       group_offset=(step * rounds + r) * cfg.rollout_batch_size)
+                for k, v in self.episodes.score_metrics.items():  # an environment's scored turns
+                    metrics[k] = metrics.get(k, 0.0) + v
             t_gen += time.monotonic() - t0
             gen_tokens += int(batch.response_lengths.sum())
             if not cfg.load_debug_rollout_data:

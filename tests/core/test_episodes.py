@@ -202,3 +202,27 @@ def test_contract_kit_verifies_mask_holes_and_one_turn_declarations():
                              capabilities=EnvironmentCapabilities(scores_turns=True))
     with pytest.raises(AssertionError, match="does not declare multi_turn but is not done after its first turn"):
         check_contract(chatty)
+
+
+def test_scored_turns_reach_the_environment_and_their_counts_are_kept(tokenizer):
+    """retry with a scorer that fails on one sample per call: the failures are counted over
+    the turns, and the unscored (None) turn counts as wrong."""
+    from relax_retry.retry import Retry
+
+    calls = []
+
+    def score(texts, labels, metadata, prompts):
+        calls.append(texts)
+        return [None] + [1.0] * (len(texts) - 1), {"rollout/reward_errors": 1.0}
+
+    engine = ScriptedEngine(tokenizer, {100: [[1010, EOS], [1011, EOS], [1012, EOS]], 101: [[1020, EOS]]})
+    runner = EpisodeRunner(engine, Retry(3, 0.5, 1.0, "again"), ReplyRenderer(tokenizer, True), max_turns=3,
+                           max_episode_tokens=None, score=score, pad_token_id=EOS)
+    out = runner.generate([{"prompt": "", "label": "5", "metadata": {}}] * 2, ["", ""], [[100, 51], [101, 51]],
+                          SamplingParams(max_new_tokens=4))
+    # turn 0: 100 unscored (wrong: feedback), 101 right (reward 1 · 0.5⁰); turns 1, 2: 100 alone, unscored,
+    # the last attempt ends it without a reward (the run's scorer then scores its last answer)
+    assert out.num_turns.tolist() == [3, 1] and [len(c) for c in calls] == [2, 1, 1]
+    assert runner.score_metrics == {"rollout/reward_errors": 3.0}
+    assert math.isnan(out.env_rewards[0]) and out.env_rewards[1] == 1.0
+    assert [EPISODE_ENDS[int(e)] for e in out.episode_end] == ["env_done", "env_done"]
