@@ -226,3 +226,40 @@ def test_scored_turns_reach_the_environment_and_their_counts_are_kept(tokenizer)
     assert runner.score_metrics == {"rollout/reward_errors": 3.0}
     assert math.isnan(out.env_rewards[0]) and out.env_rewards[1] == 1.0
     assert [EPISODE_ENDS[int(e)] for e in out.episode_end] == ["env_done", "env_done"]
+
+
+@pytest.mark.parametrize("name, params", [("tis", {"level": "token"}), ("tis", {"level": "sequence"}),
+                                          ("tis", {"level": "geometric"}), ("icepop", {})])
+def test_corrections_count_only_model_tokens(name, params):
+    """A correction applied to episodes with environment tokens (garbage in them) gives the
+    loss and gradient of the same model tokens without them: its per-sequence statistics
+    (sequence and geometric ratios) run over loss_mask, not over positions."""
+    from relax_core.contracts import CorrectionInput
+    from relax_core.numerics import reduce_loss
+    from relax_core.plugins import default_registry
+    from relax_core.testing.components import synthetic_batch, with_holes
+
+    if name not in default_registry().names("correction"):
+        pytest.skip(f"correction {name} not installed")
+    spec = default_registry().get("correction", name).spec
+    corr = spec.build(spec.params(**params))
+    compact = synthetic_batch(4).variant(False)
+    holed, dest = with_holes(compact)
+
+    def loss_and_grad(b):
+        log_probs = b.log_probs.clone().requires_grad_(True)
+        adv = torch.where(b.loss_mask, 1.0, float("nan"))  # garbage where masked
+        log_ratio = torch.where(b.loss_mask, log_probs - b.old_log_probs, 0.0)
+        loss = torch.where(b.loss_mask, -torch.exp(log_ratio), float("nan"))  # −A·r, A = 1
+        out = corr.apply(CorrectionInput(loss=loss, log_probs=log_probs, old_log_probs=b.old_log_probs,
+                                         advantages=adv, loss_mask=b.loss_mask, behaviour_numerator="old_log_probs",
+                                         rollout_log_probs=b.rollout_log_probs))
+        total = reduce_loss(out.loss, b.loss_mask, "token-mean")
+        total.backward()
+        return total.detach(), log_probs.grad
+
+    l0, g0 = loss_and_grad(compact)
+    l1, g1 = loss_and_grad(holed)
+    torch.testing.assert_close(l1, l0)
+    torch.testing.assert_close(g1[:, dest], g0)
+    assert not g1[~holed.loss_mask].any()
