@@ -88,9 +88,11 @@ CORE_FIELDS: tuple[Field, ...] = (
        pad=PAD_TOKEN),
     _f("loss_mask", "token", "bool", "rollout", "positions that carry loss (model-sampled tokens); holes allowed",
        pad=False),
-    _f("response_lengths", "sample", "long", "rollout", "tokens of each response (0 = empty); of an episode: its model and environment tokens "
+    _f("response_lengths", "sample", "long", "rollout",
+       "tokens of each response (0 = empty); of an episode: its model and environment tokens "
        "(the model's alone: loss_mask.sum(-1))"),
-    _f("truncated", "sample", "bool", "rollout", "stopped by the length limit, not by EOS or a stop string (an episode: its last model turn, "
+    _f("truncated", "sample", "bool", "rollout",
+       "stopped by the length limit, not by EOS or a stop string (an episode: its last model turn, "
        "or --max-episode-tokens)"),
     _f("rollout_log_probs", "token", "float32", "rollout",
        "log q(y_t) under the engine's sampling distribution (temperature, top-p, top-k applied), nats"),

@@ -10,7 +10,7 @@ episode runner, :mod:`relax_core.episodes`) owns the **tokens**:
   produced them (``loss_mask`` 1);
 - each reply is rendered through the chat template on its own and appended as tokens
   (``loss_mask`` 0, ``env_mask`` 1); earlier turns are never re-tokenised, so the trained ids
-  are the sampled ids by construction (the re-tokenisation bugs of slime #2263 and #1418).
+  are the sampled ids by construction (the re-tokenisation bugs of slime #2389 and #117).
 
 The factory of an environment spec returns an :class:`Environment`::
 

@@ -16,7 +16,8 @@ The response of an episode is everything after the prompt: ``response_ids = y_0 
 … y_K`` with ``loss_mask`` 1 exactly on the ``y`` (the engine's own mask there) and the
 engine's per-token fields (``rollout_log_probs``, top-k heads, routed experts) at the ``y``
 positions, their declared pad at the ``r`` positions.  The trained ids are the sampled ids by
-construction: nothing is decoded and encoded again (slime #2263, #1418 are that bug).
+construction: nothing is decoded and encoded again (re-encoding changes tokens: slime #2389, #117;
+re-rendering whole conversations shifts template boundaries: verl #6719).
 
 Rendering a reply.  Chat templates render whole conversations; the runner renders a reply
 on its own as the difference of two renders of a fixed conversation (:class:`ReplyRenderer`):
@@ -313,5 +314,5 @@ def build_runner(cfg: Any, reg: Any, engine: Any, score: Callable | None) -> Epi
 def single_turn_runner(engine: Any, cfg: Any) -> EpisodeRunner:
     """The runner of a loop built without an environment (tests): :class:`SingleTurn`."""
     return EpisodeRunner(engine, SingleTurn(), ReplyRenderer(engine.tokenizer, False), max_turns=1,
-                         max_episode_tokens=getattr(cfg, "max_episode_tokens", None), score=None,
+                         max_episode_tokens=cfg.max_episode_tokens, score=None,
                          pad_token_id=engine.tokenizer.pad_token_id or 0)

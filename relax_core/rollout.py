@@ -1,6 +1,7 @@
 """The rollout side of the loop: where scored batches come from and where weights go.
 
-    Rollout          prompts → engine → scorer → post-processors  (one step's scored batch)
+    Rollout          prompts → episodes (engine turns, environment replies: relax_core.episodes)
+                     → scorer → post-processors  (one step's scored batch)
     SyncSource       the batch of step k, made when the trainer asks for it
     AsyncSource      batches of steps k+1, k+2, … made by a thread while step k trains
                      (--fully-async, bounded staleness)
@@ -94,14 +95,18 @@ def rollout_metrics(batch: Batch, generated: list[Batch]) -> dict[str, float]:
 
 
 def sample_records(batch: Batch, k: int) -> list[dict]:
-    """Up to ``k`` samples of the batch, evenly spaced, for ``samples.jsonl``."""
+    """Up to ``k`` samples of the batch, evenly spaced, for ``samples.jsonl``; an episode of
+    several turns adds its ``num_turns`` and ``transcript``."""
     k = min(k, batch.size)
     if k == 0:
         return []
     stride = max(1, batch.size // k)
+    turns = batch.num_turns.tolist() if batch.num_turns is not None else [1] * batch.size
     return [{"prompt": batch.prompts[i], "response": batch.responses[i], "reward": float(batch.rewards[i]),
              "label": batch.labels[i], "response_len": int(batch.response_lengths[i]),
-             "truncated": bool(batch.truncated[i])} for i in range(0, batch.size, stride)[:k]]
+             "truncated": bool(batch.truncated[i]),
+             **({"num_turns": turns[i], "transcript": batch.transcripts[i]} if turns[i] > 1 else {})}
+            for i in range(0, batch.size, stride)[:k]]
 
 
 def replay_path(directory: str | Path, step: int) -> Path:

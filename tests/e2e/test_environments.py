@@ -5,6 +5,7 @@ engine continued from exact prefixes of it; `retry` and `tools` train 2 steps.""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -116,3 +117,6 @@ def test_multi_turn_environment_trains_two_steps(name, extra, tiny_model_dir, pr
         assert 1 <= r["rollout/num_turns/mean"] <= r["rollout/num_turns/max"] <= int(extra[1])
     if name == "retry":  # vowel-fraction scores are below 1 (wrong): most episodes retry, with feedback tokens
         assert recs[0]["rollout/num_turns/mean"] > 1 and recs[0]["rollout/env_token_frac"] > 0
+        samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+        several = [r for r in samples if r.get("num_turns", 1) > 1]
+        assert several and all("Your answer is not correct, try again." in r["transcript"] for r in several)

@@ -15,7 +15,9 @@ class ToolsParams:
         from relax_tools.tools import TOOLS
 
         unknown = [n for n in self.names() if n not in TOOLS]
-        return [(f"unknown tool(s) {', '.join(unknown)} in --tools", f"choose from {', '.join(TOOLS)}")] if unknown else []
+        if not unknown:
+            return []
+        return [(f"unknown tool(s) {', '.join(unknown)} in --tools", f"choose from {', '.join(TOOLS)}")]
 
     def names(self) -> tuple[str, ...]:
         return tuple(n.strip() for n in self.tools.split(",") if n.strip())
