@@ -13,7 +13,8 @@ from relax_core.scaffold import KINDS, write_plugin
 
 NAMES = {kind: f"my_{kind}" for kind in KINDS}
 SELECT = {"estimator": "--advantage-estimator", "correction": "--correction", "reward": "--reward",
-          "reward_processor": "--reward-processor", "engine": "--rollout-engine", "backend": "--train-backend"}
+          "reward_processor": "--reward-processor", "engine": "--rollout-engine", "backend": "--train-backend",
+          "environment": "--environment"}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def test_dry_run_selects_it(scaffolded, kind):
     out = json.loads(res.stdout)
     assert out["valid"] is True
     origin = f"relax-{name.replace('_', '-')} 0.1.0"
-    if kind in ("estimator", "engine", "backend"):
+    if kind in ("estimator", "engine", "backend", "environment"):
         assert out["components"][kind] == {"name": name, "origin": origin}
     elif kind == "correction":
         assert out["corrections"] == [{"name": name, "origin": origin}]
