@@ -7,7 +7,7 @@ from relax_core import EnvironmentCapabilities, EnvironmentSpec, hookimpl, param
 
 @dataclass(frozen=True)
 class ToolsParams:
-    tools: str = param("calculator", "Comma-separated tools the model may call (calculator).", flag="--tools")
+    use: str = param("calculator", "Comma-separated tools the model may call (calculator).")
     instructions: bool = param(True, "Append the tool descriptions and the call format to every prompt.")
 
     def problems(self) -> list[tuple[str, str]]:
@@ -17,10 +17,10 @@ class ToolsParams:
         unknown = [n for n in self.names() if n not in TOOLS]
         if not unknown:
             return []
-        return [(f"unknown tool(s) {', '.join(unknown)} in --tools", f"choose from {', '.join(TOOLS)}")]
+        return [(f"unknown tool(s) {', '.join(unknown)} in --tools-use", f"choose from {', '.join(TOOLS)}")]
 
     def names(self) -> tuple[str, ...]:
-        return tuple(n.strip() for n in self.tools.split(",") if n.strip())
+        return tuple(n.strip() for n in self.use.split(",") if n.strip())
 
 
 @hookimpl

@@ -53,9 +53,9 @@ def test_call_errors_are_tool_messages():
 
 
 def test_unknown_tools_are_refused_at_startup():
-    assert _spec().params(tools="calculator").problems() == []
-    (msg, fix), = _spec().params(tools="calculator,python").problems()
-    assert msg == "unknown tool(s) python in --tools" and fix == "choose from calculator"
+    assert _spec().params(use="calculator").problems() == []
+    (msg, fix), = _spec().params(use="calculator,python").problems()
+    assert msg == "unknown tool(s) python in --tools-use" and fix == "choose from calculator"
 
 
 def test_registered_through_the_entry_point():
