@@ -42,7 +42,7 @@ class Context:
     environment: Selected | None = None
 
     @property
-    def multi_turn(self) -> str | None:
+    def multi_turn_environment(self) -> str | None:
         """The selected environment's name when its episodes may have several turns."""
         env = self.environment
         return env.name if env is not None and env.caps.multi_turn else None
@@ -303,10 +303,10 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(E, "requires_fields", "reads", "Batch fields it reads that not every run has.", _fields_check,
                "choose a rollout engine / training backend whose `provides` column lists them (`relax capabilities`)"),
     Capability(E, "supports_loss_mask_holes", "mask holes", "Correct with holes in loss_mask (environment tokens inside an episode; verified by the contract kit); needed by multi-turn environments.",
-               lambda ctx, c: f"is not declared correct with holes in loss_mask, which the episodes of multi-turn environment '{ctx.multi_turn}' have (its environment tokens)" if ctx.multi_turn and not c.supports_loss_mask_holes else None,
+               lambda ctx, c: f"is not declared correct with holes in loss_mask, which the episodes of multi-turn environment '{ctx.multi_turn_environment}' have (its environment tokens)" if ctx.multi_turn_environment and not c.supports_loss_mask_holes else None,
                "choose an estimator whose `mask holes` column says yes (`relax capabilities --kind estimator`), or --environment single_turn"),
     Capability(E, "uses_turn_rewards", "turn rewards", "Reads per-turn rewards (turn_rewards); otherwise trains on each episode's return, their sum.",
-               lambda ctx, c: f"does not read per-turn rewards: it trains on each episode's return, the sum of environment '{ctx.environment.name}''s turn rewards (no per-turn credit)" if ctx.environment and ctx.environment.caps.turn_rewards and not c.uses_turn_rewards else None,
+               lambda ctx, c: f"does not read per-turn rewards: it trains on each episode's return, the sum of the turn rewards of environment '{ctx.environment.name}' (no per-turn credit)" if ctx.environment and ctx.environment.caps.turn_rewards and not c.uses_turn_rewards else None,
                "to credit each turn, choose an estimator whose `turn rewards` column says yes", warn=True),
     Capability(E, "metrics", "metrics", "Names of the estimator-specific metrics it reports.", matrix=False),
     # ---------------------------------------------------------------- corrections
@@ -354,7 +354,7 @@ CAPABILITIES: tuple[Capability, ...] = (
                lambda ctx, c: "does not support --rollout-stop" if ctx.cfg.rollout_stop and not c.supports_stop_strings else None,
                "remove --rollout-stop"),
     Capability(G, "supports_token_continuation", "token-in", "Continues generation from any token-id prefix as given (needed by multi-turn environments).",
-               lambda ctx, c: f"cannot continue generation from token ids, which the episodes of multi-turn environment '{ctx.multi_turn}' need" if ctx.multi_turn and not c.supports_token_continuation else None,
+               lambda ctx, c: f"cannot continue generation from token ids, which the episodes of multi-turn environment '{ctx.multi_turn_environment}' need" if ctx.multi_turn_environment and not c.supports_token_continuation else None,
                "choose a --rollout-engine whose `token-in` column says yes (hf, vllm, sglang), or --environment single_turn"),
     Capability(G, "supports_prefix_caching", "prefix cache", "Reuses the KV cache of a prefix it has seen (an episode's earlier turns)."),
     # ---------------------------------------------------------------- backends

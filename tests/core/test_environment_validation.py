@@ -70,7 +70,7 @@ def test_turn_rewards_with_an_estimator_that_ignores_them_warn(reg):
     assert problems == {}
     (w,) = warnings
     assert w.constraint == "uses_turn_rewards" and w.component == "estimator 'holes' (relax-toy 1.0)"
-    assert "trains on each episode's return, the sum of environment 'graded''s turn rewards" in w.message
+    assert "trains on each episode's return, the sum of the turn rewards of environment 'graded'" in w.message
 
 
 def test_max_context_needs_max_episode_tokens(reg):
