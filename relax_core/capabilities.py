@@ -239,6 +239,16 @@ def _max_context(ctx: Context, c: Any) -> str | None:
             f"{cfg.max_episode_tokens or 'unset (no limit)'}")
 
 
+def _engine_context(ctx: Context, c: Any) -> str | None:
+    env, limit, episode = ctx.multi_turn_environment, c.max_context, ctx.cfg.max_episode_tokens
+    if env is None or limit is None or (episode is not None and episode < limit):
+        return None
+    bound = f"--max-episode-tokens {episode} leaves no room for the prompt" if episode is not None else \
+        "they are bounded only by --max-turns (no --max-episode-tokens)"
+    return (f"accepts at most {limit} tokens of prompt + response, but the episodes of multi-turn environment "
+            f"'{env}' grow with every turn and {bound}")
+
+
 E, C, G, B, P, V = "estimator", "correction", "engine", "backend", "reward_processor", "environment"
 
 CAPABILITIES: tuple[Capability, ...] = (
@@ -357,6 +367,9 @@ CAPABILITIES: tuple[Capability, ...] = (
                lambda ctx, c: f"cannot continue generation from token ids, which the episodes of multi-turn environment '{ctx.multi_turn_environment}' need" if ctx.multi_turn_environment and not c.supports_token_continuation else None,
                "choose a --rollout-engine whose `token-in` column says yes (hf, vllm, sglang), or --environment single_turn"),
     Capability(G, "supports_prefix_caching", "prefix cache", "Reuses the KV cache of a prefix it has seen (an episode's earlier turns)."),
+    Capability(G, "max_context", "max context", "The most prompt + response tokens of one sequence it accepts; multi-turn episodes must be bounded below it.",
+               _engine_context,
+               "set --max-episode-tokens below the engine's limit minus the longest prompt, or raise the engine's limit (e.g. --vllm-max-model-len)"),
     # ---------------------------------------------------------------- backends
     Capability(B, "devices", "devices", "Devices it trains on.", _dev, "choose another --device or backend"),
     Capability(B, "supports_data_parallel", "DP", "Data parallel over several model replicas (training workers / (TP × CP × PP)).",

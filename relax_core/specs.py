@@ -278,6 +278,9 @@ class EngineCapabilities:
     supports_prefix_caching: bool = False
     """Reuses the KV cache of a prefix it has seen (the earlier turns of an episode) instead
     of prefilling it again."""
+    max_context: int | None = None
+    """The most prompt + response tokens of one sequence it accepts (``None``: no limit of its
+    own); a multi-turn run must bound its episodes below it (``--max-episode-tokens``)."""
 
 
 @dataclass(frozen=True, kw_only=True)

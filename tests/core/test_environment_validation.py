@@ -80,6 +80,28 @@ def test_max_context_needs_max_episode_tokens(reg):
     assert "max_context" in _resolve(reg, environment="small", advantage_estimator="toy", max_episode_tokens=257)[0]
 
 
+def test_an_engine_context_limit_needs_bounded_episodes(registry_with):
+    bounded = ("bounded", make_plugin(EngineSpec(
+        name="bounded", summary="toy engine", source="tests", factory="x:y",
+        capabilities=EngineCapabilities(provides_fields=frozenset({"rollout_log_probs"}), supports_weight_update=True,
+                                        supports_token_continuation=True, max_context=512))), "relax-bounded", "0.4")
+    reg = registry_with(*PLUGINS, bounded)
+    run = dict(environment="chat", advantage_estimator="holes", rollout_engine="bounded")
+    p = _resolve(reg, **run)[0]["max_context"]
+    assert p.component == "engine 'bounded' (relax-bounded 0.4)"
+    assert "accepts at most 512 tokens of prompt + response" in p.message and "only by --max-turns" in p.message
+    assert "leaves no room for the prompt" in _resolve(reg, **run, max_episode_tokens=512)[0]["max_context"].message
+    assert _resolve(reg, **run, max_episode_tokens=400) == ({}, ())
+    assert _resolve(reg, advantage_estimator="holes", rollout_engine="bounded") == ({}, ())  # single turn: unchecked
+
+
+def test_vllm_declares_its_model_length():
+    vllm = pytest.importorskip("relax_vllm.plugin")
+    spec = vllm.relax_register_rollout_engines()[0]
+    assert spec.capabilities_for(spec.params(max_model_len=4096)).max_context == 4096
+    assert spec.capabilities_for().supports_token_continuation
+
+
 def test_cli_exits_2_naming_the_plugin_and_the_fix(reg, monkeypatch):
     monkeypatch.setattr(plugins_mod, "_DEFAULT", reg)
     r = CliRunner().invoke(app, ["train", "--dry-run", "--environment", "chat", "--estimator", "toy"])

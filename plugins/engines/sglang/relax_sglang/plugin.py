@@ -31,7 +31,7 @@ def relax_register_rollout_engines():
         source="Zheng et al. 2024, SGLang: Efficient Execution of Structured Language Model Programs (NeurIPS'24)",
         factory="relax_sglang.engine:build",
         params=SGLangParams,
-        capabilities=EngineCapabilities(
+        capabilities=lambda p: EngineCapabilities(
             devices=frozenset({"cuda"}),
             provides_fields=frozenset({"rollout_log_probs", "top_k_ids", "top_k_log_probs", "routed_experts"}),
             supports_weight_update=True,
@@ -40,5 +40,6 @@ def relax_register_rollout_engines():
             supports_stop_strings=True,
             supports_token_continuation=True,  # /generate with input_ids
             supports_prefix_caching=True,  # the radix cache
+            max_context=p.context_length or None,  # 0: the model's own, unknown before it loads
         ),
     )]

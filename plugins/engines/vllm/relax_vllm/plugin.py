@@ -28,7 +28,7 @@ def relax_register_rollout_engines():
         source="Kwon et al. 2023, Efficient Memory Management for LLM Serving with PagedAttention (SOSP'23); vLLM 0.32",
         factory="relax_vllm.engine:build",
         params=VLLMParams,
-        capabilities=EngineCapabilities(
+        capabilities=lambda p: EngineCapabilities(
             devices=frozenset({"cpu", "cuda"}),
             provides_fields=frozenset({"rollout_log_probs", "top_k_ids", "top_k_log_probs"}),  # no routed experts
             supports_weight_update=True,
@@ -37,5 +37,6 @@ def relax_register_rollout_engines():
             supports_stop_strings=True,
             supports_token_continuation=True,  # TokensPrompt(prompt_token_ids=...)
             supports_prefix_caching=True,  # vLLM V1 automatic prefix caching (on by default)
+            max_context=p.max_model_len,
         ),
     )]
