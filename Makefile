@@ -43,7 +43,7 @@ bench: $(VENV)/.installed $(TRL_VENV)/bin/python
 
 $(TRL_VENV)/bin/python:
 	python3 -m venv $(TRL_VENV)
-	$(TRL_VENV)/bin/pip install -q "torch==2.13.0" trl "transformers==5.19.0"
+	$(TRL_VENV)/bin/pip install -q "torch==2.13.0" "trl==1.16.0" "transformers==5.19.0"
 
 # the documentation site (strict: warnings are errors)
 docs: $(VENV)/.installed
