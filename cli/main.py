@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from relax_core.run.exits import EXIT_BAD_INPUT
-from relax_core.specs import KINDS
+from relax_core.specs import KIND, KINDS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Relax: plugin-based RL post-training for language models.")
@@ -253,10 +253,10 @@ def capabilities(
     """The capability matrix: one row per component and one column per capability when it
     fits the terminal; otherwise one row per capability and one column per component (in
     several tables if needed).  Names are never cut."""
-    from relax_core.host.matrix import KINDS, matrix_json, matrix_markdown, matrix_tables
+    from relax_core.host.matrix import matrix_json, matrix_markdown, matrix_tables
 
-    if kind is not None and kind not in KINDS:
-        typer.echo(f"error: unknown kind '{kind}'; one of {', '.join(KINDS)}", err=True)
+    if kind is not None and kind not in KIND:
+        typer.echo(f"error: unknown kind '{kind}'; one of {', '.join(KIND)}", err=True)
         raise typer.Exit(EXIT_BAD_INPUT)
     reg = _registry()
     if as_json:

@@ -535,6 +535,9 @@ class Kind:
         hook: the registration hook returning its specs.
         title: the plural heading in docs and tables.
         slug: the docs folder (``docs/components/<slug>/``).
+        option: the :class:`~relax_core.config.RunConfig` field that selects components of
+            this kind (``--advantage-estimator`` → ``"advantage_estimator"``); ``None`` when
+            no flag selects it (data sources follow ``--data``).
         scaffold: ``relax plugins new --kind`` can write one.
     """
 
@@ -543,21 +546,24 @@ class Kind:
     hook: str
     title: str
     slug: str
+    option: str | None
     scaffold: bool = True
 
 
 #: Every component kind, in the order tables and docs list them.
 KINDS: tuple[Kind, ...] = (
-    Kind("estimator", EstimatorSpec, "relax_register_estimators", "Estimators", "estimators"),
-    Kind("correction", CorrectionSpec, "relax_register_corrections", "Corrections", "corrections"),
-    Kind("engine", EngineSpec, "relax_register_rollout_engines", "Rollout engines", "engines"),
-    Kind("backend", BackendSpec, "relax_register_train_backends", "Training backends", "backends"),
+    Kind("estimator", EstimatorSpec, "relax_register_estimators", "Estimators", "estimators", "advantage_estimator"),
+    Kind("correction", CorrectionSpec, "relax_register_corrections", "Corrections", "corrections", "correction"),
+    Kind("engine", EngineSpec, "relax_register_rollout_engines", "Rollout engines", "engines", "rollout_engine"),
+    Kind("backend", BackendSpec, "relax_register_train_backends", "Training backends", "backends", "train_backend"),
     Kind("reward_processor", RewardProcessorSpec, "relax_register_reward_processors", "Reward post-processors",
-         "reward-processors"),
-    Kind("reward", RewardScorerSpec, "relax_register_reward_scorers", "Reward scorers", "rewards"),
-    Kind("sampler", SamplerSpec, "relax_register_samplers", "Samplers", "samplers"),
-    Kind("data_source", DataSourceSpec, "relax_register_data_sources", "Data sources", "data-sources", scaffold=False),
-    Kind("environment", EnvironmentSpec, "relax_register_environments", "Environments", "environments"),
+         "reward-processors", "reward_processor"),
+    Kind("reward", RewardScorerSpec, "relax_register_reward_scorers", "Reward scorers", "rewards", "reward"),
+    Kind("sampler", SamplerSpec, "relax_register_samplers", "Samplers", "samplers", "sampler"),
+    Kind("data_source", DataSourceSpec, "relax_register_data_sources", "Data sources", "data-sources", None,
+         scaffold=False),
+    Kind("environment", EnvironmentSpec, "relax_register_environments", "Environments", "environments",
+         "environment"),
 )
 KIND: dict[str, Kind] = {k.name: k for k in KINDS}
 SPEC_TYPES: dict[str, type[ComponentSpec]] = {k.name: k.spec_type for k in KINDS}

@@ -8,14 +8,12 @@ from relax_core.host.capabilities import format_value, matrix_kinds, rows
 from relax_core.host.plugins import Registry
 from relax_core.specs import KIND
 
-#: every component kind, in the order of the matrix
-KINDS = tuple(KIND)
 #: the kinds with capability rows, and their table titles
 _TITLES = {k: KIND[k].title for k in matrix_kinds()}
 
 
 def _kinds(kind: str | None) -> list[str]:
-    kinds = list(KINDS)
+    kinds = list(KIND)
     if kind is None:
         return kinds
     if kind not in kinds:

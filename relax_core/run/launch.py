@@ -63,11 +63,11 @@ def configure(args: list[str], reg: Any) -> tuple[Any, Any, Any]:
     from relax_core.run.resume import resume_config
 
     schemas = reg.param_schemas()
-    names = lambda kind: sorted(reg.components.get(kind, {}))  # noqa: E731
-    choices = {"advantage_estimator": names("estimator"), "correction": names("correction"),
-               "reward": ["auto", *names("reward")], "reward_processor": names("reward_processor"),
-               "rollout_engine": names("engine"), "train_backend": names("backend"), "sampler": names("sampler"),
-               "environment": names("environment")}
+    from relax_core.specs import KINDS
+
+    # every selecting flag takes the installed names of its kind ('auto' also for --reward)
+    choices = {k.option: sorted(reg.components.get(k.name, {})) for k in KINDS if k.option}
+    choices["reward"] = ["auto", *choices["reward"]]
     try:
         cli, config_path, ns = parse_cli(list(args), schemas, choices=choices)
         yaml_values = load_yaml(config_path) if config_path else {}
