@@ -27,7 +27,8 @@ mean and logged as ``train/<name>``):
 
 from __future__ import annotations
 
-from typing import Union
+from dataclasses import dataclass
+from typing import Any, Union
 
 import torch
 from torch import Tensor
@@ -183,6 +184,35 @@ def group_mean_advantages(inp: AdvantageInput, *, std_normalization: bool,
     adv = broadcast_to_tokens(g.advantages, inp.loss_mask)  # [B, T]
     return AdvantageOutput(advantages=adv, returns=adv.clone(),
                            metrics={"rollout/zero_std_group_frac": g.zero_std_group_frac})
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupMeanAdvantages:
+    """The group-mean advantage stage as a base of an estimator's dataclass (grpo, gspo,
+    sapo, cispo): ``@dataclass(frozen=True) class MyEstimator(GroupMeanAdvantages)`` gets
+    :meth:`compute_advantages`, and its factory passes :meth:`options`.
+
+    Attributes:
+        std_normalization: divide by the group std (``False``: Dr.GRPO).
+        normalize_rewards: ``False`` under ``--disable-rewards-normalization``.
+    """
+
+    std_normalization: bool = True
+    normalize_rewards: bool = True
+
+    def compute_advantages(self, inp: AdvantageInput) -> AdvantageOutput:
+        """Group-normalised rewards broadcast to tokens, float32 ``[B, T]``; metric
+        ``rollout/zero_std_group_frac`` (:func:`group_mean_advantages`)."""
+        return group_mean_advantages(inp, std_normalization=self.std_normalization,
+                                     normalize_rewards=self.normalize_rewards)
+
+    @staticmethod
+    def options(params: Any, config: Any = None) -> dict[str, bool]:
+        """The block's fields from an estimator's parameters (a
+        :class:`~relax_core.specs.GroupAdvantageParams`) and the run config
+        (``--disable-rewards-normalization``; ``None``: the defaults)."""
+        normalize = config is None or not config.disable_rewards_normalization
+        return {"std_normalization": not params.disable_grpo_std_normalization, "normalize_rewards": normalize}
 
 
 def raw_reward_advantages(inp: AdvantageInput) -> AdvantageOutput:

@@ -132,3 +132,24 @@ def test_bfloat16_inputs_compute_in_float32():
     assert lp16.grad.dtype == torch.bfloat16
     out32 = ppo_clip_loss(lp32, old32, A, m, 0.2)
     torch.testing.assert_close(out16.loss, out32.loss, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "sapo", "cispo"])
+def test_group_mean_estimators_take_the_block_options(name):
+    """The four GroupMeanAdvantages estimators read --disable-grpo-std-normalization from
+    their parameters and --disable-rewards-normalization from the run config (rewards
+    [1, 0] in one group: GRPO ±1/(√0.5 + 1e-6), Dr.GRPO ±0.5, raw rewards 1 and 0)."""
+    from relax_core.config import RunConfig
+    from relax_core.contracts import AdvantageInput
+    from relax_core.host.plugins import default_registry
+
+    spec = default_registry().get("estimator", name).spec
+    inp = AdvantageInput(rewards=torch.tensor([1.0, 0.0]), group_index=torch.tensor([0, 0]),
+                         loss_mask=torch.ones(2, 1, dtype=torch.bool))
+    def adv(cfg=None, **params):
+        return spec.build(spec.params(**params), cfg).compute_advantages(inp).advantages[:, 0]
+
+    a = 0.5 / (0.5 ** 0.5 + 1e-6)
+    torch.testing.assert_close(adv(), torch.tensor([a, -a]))
+    torch.testing.assert_close(adv(disable_grpo_std_normalization=True), torch.tensor([0.5, -0.5]))
+    torch.testing.assert_close(adv(RunConfig(disable_rewards_normalization=True)), torch.tensor([1.0, 0.0]))

@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 
 from relax_core.config import RunConfig
-from relax_core.contracts import AdvantageInput, AdvantageOutput, PolicyLossInput, PolicyLossOutput
-from relax_core.policy import group_mean_advantages, masked_advantages, masked_log_ratio
+from relax_core.contracts import PolicyLossInput, PolicyLossOutput
+from relax_core.policy import GroupMeanAdvantages, masked_advantages, masked_log_ratio
 
 
 def cispo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor,
@@ -59,18 +59,11 @@ def cispo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, los
 
 
 @dataclass(frozen=True)
-class CISPO:
+class CISPO(GroupMeanAdvantages):
     """The CISPO estimator (see the module docstring)."""
 
     eps_clip: float = 0.2
     eps_clip_high: float = 0.2
-    std_normalization: bool = True
-    normalize_rewards: bool = True
-
-    def compute_advantages(self, inp: AdvantageInput) -> AdvantageOutput:
-        """As GRPO: group-normalised rewards broadcast to tokens ``[B, T]``."""
-        return group_mean_advantages(inp, std_normalization=self.std_normalization,
-                                     normalize_rewards=self.normalize_rewards)
 
     def policy_loss(self, inp: PolicyLossInput) -> PolicyLossOutput:
         return cispo_loss(inp.log_probs, inp.old_log_probs, inp.advantages, inp.loss_mask,
@@ -79,7 +72,5 @@ class CISPO:
 
 def build(params, config: RunConfig | None) -> CISPO:
     """Factory (``relax_cispo.cispo:build``): ``--eps-clip`` / ``--eps-clip-high`` from ``params``."""
-    cfg = config if config is not None else RunConfig()
     return CISPO(eps_clip=params.eps_clip, eps_clip_high=params.effective_eps_clip_high,
-                 std_normalization=not params.disable_grpo_std_normalization,
-                 normalize_rewards=not cfg.disable_rewards_normalization)
+                 **GroupMeanAdvantages.options(params, config))

@@ -24,25 +24,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relax_core.config import RunConfig
-from relax_core.contracts import AdvantageInput, AdvantageOutput, PolicyLossInput, PolicyLossOutput
-from relax_core.policy import group_mean_advantages, ppo_clip_loss, reinforce_loss
+from relax_core.contracts import PolicyLossInput, PolicyLossOutput
+from relax_core.policy import GroupMeanAdvantages, ppo_clip_loss, reinforce_loss
 
 
 @dataclass(frozen=True)
-class GRPO:
+class GRPO(GroupMeanAdvantages):
     """The GRPO estimator (see the module docstring)."""
 
     eps_clip: float = 0.2
     eps_clip_high: float = 0.2
     eps_clip_c: float | None = None
-    std_normalization: bool = True
-    normalize_rewards: bool = True
     pg_loss_type: str = "ppo_clip"
-
-    def compute_advantages(self, inp: AdvantageInput) -> AdvantageOutput:
-        """Group-normalised rewards broadcast to tokens; metric ``rollout/zero_std_group_frac``."""
-        return group_mean_advantages(inp, std_normalization=self.std_normalization,
-                                     normalize_rewards=self.normalize_rewards)
 
     def policy_loss(self, inp: PolicyLossInput) -> PolicyLossOutput:
         """Per-token loss ``[B, T]`` float32; token metrics ``pg_clipfrac``, ``ppo_kl``."""
@@ -55,8 +48,6 @@ class GRPO:
 def build(params, config: RunConfig | None) -> GRPO:
     """Factory (``relax_grpo.grpo:build``): ``--disable-rewards-normalization`` from the run
     config, the rest (the clip block among them) from ``params``."""
-    cfg = config if config is not None else RunConfig()
     return GRPO(eps_clip=params.eps_clip, eps_clip_high=params.effective_eps_clip_high, eps_clip_c=params.eps_clip_c,
-                std_normalization=not params.disable_grpo_std_normalization,
-                normalize_rewards=not cfg.disable_rewards_normalization,
+                **GroupMeanAdvantages.options(params, config),
                 pg_loss_type=params.pg_loss_type)

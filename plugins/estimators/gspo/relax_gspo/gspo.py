@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from relax_core.config import RunConfig
-from relax_core.contracts import AdvantageInput, AdvantageOutput, PolicyLossInput, PolicyLossOutput
-from relax_core.policy import LOG_RATIO_CLAMP, group_mean_advantages, masked_advantages, ppo_clip
+from relax_core.contracts import PolicyLossInput, PolicyLossOutput
+from relax_core.policy import LOG_RATIO_CLAMP, GroupMeanAdvantages, masked_advantages, ppo_clip
 
 
 def sequence_log_ratio(log_probs: Tensor, old_log_probs: Tensor, loss_mask: Tensor) -> Tensor:
@@ -60,19 +60,12 @@ def gspo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss
 
 
 @dataclass(frozen=True)
-class GSPO:
+class GSPO(GroupMeanAdvantages):
     """The GSPO estimator (see the module docstring)."""
 
     eps_clip: float = 0.2
     eps_clip_high: float = 0.2
     eps_clip_c: float | None = None
-    std_normalization: bool = True
-    normalize_rewards: bool = True
-
-    def compute_advantages(self, inp: AdvantageInput) -> AdvantageOutput:
-        """As GRPO: group-normalised rewards broadcast to tokens ``[B, T]``."""
-        return group_mean_advantages(inp, std_normalization=self.std_normalization,
-                                     normalize_rewards=self.normalize_rewards)
 
     def policy_loss(self, inp: PolicyLossInput) -> PolicyLossOutput:
         return gspo_loss(inp.log_probs, inp.old_log_probs, inp.advantages, inp.loss_mask,
@@ -81,7 +74,5 @@ class GSPO:
 
 def build(params, config: RunConfig | None) -> GSPO:
     """Factory (``relax_gspo.gspo:build``): clip margins from ``params``."""
-    cfg = config if config is not None else RunConfig()
     return GSPO(eps_clip=params.eps_clip, eps_clip_high=params.effective_eps_clip_high, eps_clip_c=params.eps_clip_c,
-                std_normalization=not params.disable_grpo_std_normalization,
-                normalize_rewards=not cfg.disable_rewards_normalization)
+                **GroupMeanAdvantages.options(params, config))

@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from relax_core.config import RunConfig
-from relax_core.contracts import AdvantageInput, AdvantageOutput, PolicyLossInput, PolicyLossOutput
-from relax_core.policy import group_mean_advantages, masked_advantages, masked_log_ratio
+from relax_core.contracts import PolicyLossInput, PolicyLossOutput
+from relax_core.policy import GroupMeanAdvantages, masked_advantages, masked_log_ratio
 
 #: A token counts in ``pg_clipfrac`` when its gate gradient 4σ(1−σ) falls below this.
 GATE_CLIP_THRESHOLD = 0.9
@@ -64,18 +64,11 @@ def sapo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss
 
 
 @dataclass(frozen=True)
-class SAPO:
+class SAPO(GroupMeanAdvantages):
     """The SAPO estimator (see the module docstring)."""
 
     tau_pos: float = 1.0
     tau_neg: float = 1.05
-    std_normalization: bool = True
-    normalize_rewards: bool = True
-
-    def compute_advantages(self, inp: AdvantageInput) -> AdvantageOutput:
-        """As GRPO: group-normalised rewards broadcast to tokens ``[B, T]``."""
-        return group_mean_advantages(inp, std_normalization=self.std_normalization,
-                                     normalize_rewards=self.normalize_rewards)
 
     def policy_loss(self, inp: PolicyLossInput) -> PolicyLossOutput:
         return sapo_loss(inp.log_probs, inp.old_log_probs, inp.advantages, inp.loss_mask,
@@ -84,7 +77,5 @@ class SAPO:
 
 def build(params, config: RunConfig | None) -> SAPO:
     """Factory (``relax_sapo.sapo:build``)."""
-    cfg = config if config is not None else RunConfig()
     return SAPO(tau_pos=params.tau_pos, tau_neg=params.tau_neg,
-                std_normalization=not params.disable_grpo_std_normalization,
-                normalize_rewards=not cfg.disable_rewards_normalization)
+                **GroupMeanAdvantages.options(params, config))
