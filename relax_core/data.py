@@ -273,6 +273,21 @@ def exclude_eval_prompts(train: Dataset, eval_data: Dataset) -> Dataset:
     return out
 
 
+def run_datasets(cfg: Any, registry: Any = None) -> tuple[Dataset, Dataset | None]:
+    """A run's training and evaluation data: ``--data`` and ``--eval-data`` (``None`` when
+    the run has none), the training rows less the evaluation prompts under
+    ``--exclude-eval-prompts`` (:func:`exclude_eval_prompts`).
+
+    Raises:
+        DataError: a source cannot be read, or no training row is left.
+    """
+    train = load_dataset(cfg.data, cfg, registry)
+    eval_data = load_dataset(cfg.eval_source, cfg, registry) if cfg.eval_source else None
+    if eval_data is not None and cfg.exclude_eval_prompts:
+        train = exclude_eval_prompts(train, eval_data)
+    return train, eval_data
+
+
 def data_fingerprint(source: str, rows: list[dict]) -> dict:
     """What identifies a dataset across runs: its ``source`` (the ``--data`` value, for
     messages), its row count, and the SHA-256 of its rows (prompt, label and metadata as

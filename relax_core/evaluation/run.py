@@ -324,13 +324,11 @@ def overlap_warnings(target: Target, sets: list[EvalSet], reg: Any) -> list[str]
     ``--exclude-eval-prompts``): those prompts do not measure held-out accuracy."""
     if target.run_dir is None:
         return []
-    from relax_core.data import DataError, exclude_eval_prompts, load_dataset
+    from relax_core.data import DataError, run_datasets
 
     cfg = target.cfg
     try:
-        train = load_dataset(cfg.data, cfg, reg)
-        if cfg.exclude_eval_prompts and cfg.eval_source:
-            train = exclude_eval_prompts(train, load_dataset(cfg.eval_source, cfg, reg))
+        train = run_datasets(cfg, reg)[0]
     except DataError as e:
         return [f"the run's training data could not be read to check the evaluation sets against it ({e})"]
     trained = {row["prompt"] for row in train.rows}

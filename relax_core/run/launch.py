@@ -143,7 +143,7 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
     Raises:
         BadInput: listing the problems, each with its fix.
     """
-    from relax_core.data import DataError, exclude_eval_prompts, fingerprint_change, load_dataset
+    from relax_core.data import DataError, fingerprint_change, run_datasets
     from relax_core.host.reward_check import label_check
     from relax_core.models import model_problem
     from relax_core.run import checkpoint as ckpt
@@ -152,10 +152,7 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
 
     problems = [p for p in [model_problem(cfg.model)] if p]
     try:
-        train_data = load_dataset(cfg.data, cfg, reg)
-        eval_data = load_dataset(cfg.eval_source, cfg, reg) if cfg.eval_source else None
-        if eval_data is not None and cfg.exclude_eval_prompts:
-            train_data = exclude_eval_prompts(train_data, eval_data)
+        train_data, eval_data = run_datasets(cfg, reg)
     except DataError as e:
         raise BadInput(problems + [str(e)]) from None
     notes = [f"{train_data.held_out} of {len(train_data) + train_data.held_out} training rows left out: their "
