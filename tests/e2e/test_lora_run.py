@@ -1,9 +1,10 @@
 """LoRA end to end on the tiny model (hf engine, torch backend): GRPO from its recipe, with a
 KL term whose reference is the adapter-disabled model, trains two steps with adapter-only,
 small checkpoints and writes the PEFT and merged exports; a resume is exact; and a weight
-push broken on purpose stops the run (the adapter-reached-the-engine check).  The other
-estimators differ from GRPO only in the loss on the backend's log-probs, which LoRA does not
-touch (a critic beside an adapted actor: plugins/backends/torch/tests/test_lora.py)."""
+push broken on purpose stops the run (the adapter-reached-the-engine check).  Every other
+estimator, correction and environment trains a step with an adapter in
+tests/e2e/test_lora_components.py (a critic beside an adapted actor:
+plugins/backends/torch/tests/test_lora.py)."""
 
 from __future__ import annotations
 
