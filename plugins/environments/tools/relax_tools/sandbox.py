@@ -256,9 +256,10 @@ def describe(result: Result, limits: Limits) -> str:
         why = f"error: the output is longer than {limits.output} characters; the program was stopped"
     elif result.status == 0:
         return text if text else "(no output)"
-    elif result.status > 128 and result.status - 128 in (signal.SIGXCPU, signal.SIGKILL):
-        why = f"error: the program was killed (signal {signal.Signals(result.status - 128).name}: past its " \
-              f"{limits.timeout:g} s CPU-time or {limits.memory} MiB memory limit)"
+    elif 128 < result.status < 128 + signal.NSIG:  # bwrap's status for a command killed by a signal
+        sig = signal.Signals(result.status - 128)
+        cpu = f" (past its {limits.timeout:g} s CPU-time limit)" if sig in (signal.SIGXCPU, signal.SIGKILL) else ""
+        why = f"error: the program was killed by {sig.name}{cpu}"
     else:
         why = f"error: the program exited with status {result.status}"
     return (text.rstrip("\n") + "\n" if text else "") + why

@@ -46,6 +46,9 @@ def test_runs_code_and_reports_failures_as_text():
     assert _tool("print(sum(range(101)))") == "5050\n"
     assert _tool("") == "(no output)"
     assert _tool("raise SystemExit(3)") == "error: the program exited with status 3"
+    assert _tool("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)") == "error: the program was killed by SIGSEGV"
+    assert _tool("import os, signal; os.kill(os.getpid(), signal.SIGXCPU)") == \
+        "error: the program was killed by SIGXCPU (past its 2 s CPU-time limit)"
     msg = _tool("1/0")
     assert "ZeroDivisionError: division by zero" in msg and msg.endswith("error: the program exited with status 1")
     # its own directory is writable within one call (the positive control of the next test)

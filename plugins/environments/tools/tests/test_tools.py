@@ -56,6 +56,7 @@ def test_unknown_tools_are_refused_at_startup():
     assert _spec().params(use="calculator").problems() == []
     (msg, fix), = _spec().params(use="calculator,shell").problems()
     assert msg == "unknown tool(s) shell in --tools-use" and fix == "choose from calculator, python"
+    assert _spec().params(use=" , ").problems() == [("--tools-use names no tool", "choose from calculator, python")]
 
 
 def test_registered_through_the_entry_point():
