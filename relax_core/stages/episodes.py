@@ -131,7 +131,7 @@ def call_all(calls: list[Callable[[], Any]], timeout: float, workers: int) -> li
         deadline = time.monotonic() + timeout
         for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
-    return out
+    return list(out)  # a copy: an abandoned thread that returns later changes nothing
 
 
 def _checked(reply: Any) -> Reply:
@@ -213,6 +213,7 @@ class EpisodeRunner:
         self.pad_token_id = pad_token_id
         self.env_timeout = env_timeout
         self.env_workers = env_workers
+        self._warned = False  # the first failed environment call of a generate() call is logged
         self.metrics: dict[str, float] = {}
         """Counts of the last :meth:`generate` call: the scorer's (``rollout/reward_errors``, …)
         summed over the turns it scored, and ``rollout/env_errors`` / ``rollout/env_timeouts``
