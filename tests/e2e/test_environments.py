@@ -1,7 +1,7 @@
 """Environments end to end on the hf engine and a tiny random model: for every built-in
 environment the trained token ids are the sampled ones, every loss_mask-1 token carries the
 engine's rollout log-prob (equal to a teacher-forced forward of the trained sequence), the
-engine continued from exact prefixes of it; `retry` and `tools` train 2 steps."""
+engine continued from exact prefixes of it; `retry`, `tools` and `gymnasium` train 2 steps."""
 
 from __future__ import annotations
 
@@ -101,7 +101,8 @@ def test_trained_ids_are_the_sampled_ids(name, engine):
 # then closes each turn itself), so that episodes have several turns
 @pytest.mark.parametrize("name, extra", [("retry", ["--max-turns", "3", "--calculate-per-token-loss",
                                                     "--rollout-stop", "e"]),
-                                         ("tools", ["--max-turns", "2"])])
+                                         ("tools", ["--max-turns", "2"]),
+                                         ("gymnasium", ["--max-turns", "2", "--rollout-stop", "e"])])
 def test_multi_turn_environment_trains_two_steps(name, extra, tiny_model_dir, prompts_file, tmp_path):
     if name not in default_registry().names("environment"):
         pytest.skip(f"environment {name} not installed")
