@@ -233,6 +233,11 @@ def run(code: str, limits: Limits, bwrap: str | None = None) -> Result:
             if len(out) > cap or len(out.decode("utf-8", "replace")) > limits.output:
                 stopped = "output"
                 break
+        if stopped is None:  # end of file: the program exited, or closed its output and goes on
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                stopped = "timeout"
         if stopped:
             # SIGKILL to bwrap; its pid namespace's init dies with it (--die-with-parent) and the
             # kernel kills the rest.  Every process there holds the pipe, so its end of file says
@@ -257,9 +262,10 @@ def describe(result: Result, limits: Limits) -> str:
     elif result.status == 0:
         return text if text else "(no output)"
     elif 128 < result.status < 128 + signal.NSIG:  # bwrap's status for a command killed by a signal
-        sig = signal.Signals(result.status - 128)
-        cpu = f" (past its {limits.timeout:g} s CPU-time limit)" if sig in (signal.SIGXCPU, signal.SIGKILL) else ""
-        why = f"error: the program was killed by {sig.name}{cpu}"
+        n = result.status - 128
+        name = signal.Signals(n).name if n in iter(signal.Signals) else f"signal {n}"
+        cpu = f" (past its {limits.timeout:g} s CPU-time limit)" if n in (signal.SIGXCPU, signal.SIGKILL) else ""
+        why = f"error: the program was killed by {name}{cpu}"
     else:
         why = f"error: the program exited with status {result.status}"
     return (text.rstrip("\n") + "\n" if text else "") + why

@@ -29,17 +29,22 @@ def _tool(code: str, limits: Limits = LIMITS) -> str:
     return describe(run(code, limits), limits)
 
 
-def _leftover_sandboxes() -> list[int]:
-    """Processes still running the sandbox's bootstrap (its argv holds '<tool call>')."""
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"<tool call>" in f.read() and int(pid) != os.getpid():
-                    out.append(int(pid))
-        except OSError:
-            pass
-    return out
+def _leftover_sandboxes(grace: float = 1.0) -> list[int]:
+    """Processes still running the sandbox's bootstrap (its argv holds '<tool call>') after
+    ``grace`` seconds (SIGKILLed processes take the kernel a moment to tear down)."""
+    deadline = time.monotonic() + grace
+    while True:
+        out = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"<tool call>" in f.read() and int(pid) != os.getpid():
+                        out.append(int(pid))
+            except OSError:
+                pass
+        if not out or time.monotonic() > deadline:
+            return out
+        time.sleep(0.05)
 
 
 def test_runs_code_and_reports_failures_as_text():
@@ -147,6 +152,12 @@ def test_a_hang_is_stopped_at_the_wall_timeout():
     assert msg == "started\nerror: timed out after 1 s; the program was stopped"
     assert 1.0 <= elapsed < 3.0
     assert not _leftover_sandboxes()  # the whole sandbox is gone, not only bwrap
+    # a program that closes its output first is still stopped at the deadline
+    start = time.monotonic()
+    assert _tool("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(60)", limits) == \
+        "error: timed out after 1 s; the program was stopped"
+    assert time.monotonic() - start < 3.0
+    assert not _leftover_sandboxes()
 
 
 def test_memory_limit():
