@@ -401,4 +401,5 @@ def single_turn_runner(engine: Any, cfg: Any) -> EpisodeRunner:
     """The runner of a loop built without an environment (tests): :class:`SingleTurn`."""
     return EpisodeRunner(engine, SingleTurn(), ReplyRenderer(engine.tokenizer, False), max_turns=1,
                          max_episode_tokens=cfg.max_episode_tokens, score=None,
-                         pad_token_id=engine.tokenizer.pad_token_id or 0)
+                         pad_token_id=engine.tokenizer.pad_token_id or 0, env_timeout=cfg.env_timeout,
+                         env_workers=cfg.env_num_workers)
