@@ -1,7 +1,8 @@
 """Environments end to end on the hf engine and a tiny random model: for every built-in
 environment the trained token ids are the sampled ones, every loss_mask-1 token carries the
 engine's rollout log-prob (equal to a teacher-forced forward of the trained sequence), the
-engine continued from exact prefixes of it (tools: with calculator and sandboxed python results
+engine continued from exact prefixes of it (tools: with calculator and sandboxed python results;
+gymnasium: with FrozenLake observations)
 between the turns); `retry`, `tools` and `gymnasium` train 2 steps."""
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def engine(tiny_model_dir):
 
 
 @pytest.mark.parametrize("name, tool", [("single_turn", None), ("retry", None), ("tools", "calculator"),
-                                        ("tools", "python")])
+                                        ("tools", "python"), ("gymnasium", None)])
 def test_trained_ids_are_the_sampled_ids(name, tool, engine):
     reg = default_registry()
     if name not in reg.names("environment"):
