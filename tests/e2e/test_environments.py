@@ -1,9 +1,8 @@
 """Environments end to end on the hf engine and a tiny random model: for every built-in
 environment the trained token ids are the sampled ones, every loss_mask-1 token carries the
 engine's rollout log-prob (equal to a teacher-forced forward of the trained sequence), the
-engine continued from exact prefixes of it (tools: with calculator and sandboxed python results;
-gymnasium: with FrozenLake observations)
-between the turns); `retry`, `tools` and `gymnasium` train 2 steps."""
+engine continued from exact prefixes of it (between the turns, tools: calculator and sandboxed
+python results; gymnasium: FrozenLake's replies); `retry`, `tools` and `gymnasium` train 2 steps."""
 
 from __future__ import annotations
 
