@@ -33,8 +33,10 @@ from typing import Any, Protocol
 #: ``env_done``: the environment said so after a complete model turn (single_turn: the model's
 #: EOS); ``max_turns``: ``--max-turns`` model turns were taken; ``max_episode_tokens``: the
 #: next turn or reply did not fit in ``--max-episode-tokens``; ``turn_length``: a model turn
-#: reached ``--rollout-max-response-len`` without EOS or a stop string (``truncated``).
-EPISODE_ENDS = ("env_done", "max_turns", "max_episode_tokens", "turn_length")
+#: reached ``--rollout-max-response-len`` without EOS or a stop string (``truncated``);
+#: ``env_error`` / ``env_timeout``: the environment's ``start`` or ``step`` raised, or ran past
+#: ``--env-timeout`` (the episode is not scored nor trained on, like an unscored sample).
+EPISODE_ENDS = ("env_done", "max_turns", "max_episode_tokens", "turn_length", "env_error", "env_timeout")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,6 +25,17 @@ the text that closes a model turn (``<|im_end|>\\n`` in ChatML), minus the part 
 model sampled itself (its EOS), then the reply messages and the next generation prompt.
 Tokenisers without a template use the fallback ``"\\n<role>: <content>" … "\\nassistant: "``.
 
+Faults.  Every call into the environment (``start(row)``, ``step(turn)``) runs through
+:func:`call_all`: in a thread, ``--env-num-workers`` at a time, each under ``--env-timeout``
+seconds.  A call that raises ends its episode as ``env_error``, one past its timeout as
+``env_timeout`` (counted in ``rollout/env_errors`` / ``rollout/env_timeouts``); the episode
+keeps the tokens it has, gets no reward (NaN, not scored: an unscored sample, advantage 0)
+and the other episodes go on.  An episode whose ``start`` failed still takes its first model
+turn (the prompt is already batched) and then ends.  Threads, not processes: a step that
+hangs cannot be killed, only abandoned (a daemon thread that keeps running until it
+returns); a step that crashes the interpreter (a segfault in an extension) takes the run
+with it.  Tools that run untrusted code isolate it themselves (the ``python`` tool's sandbox).
+
 The loop over episodes is Python (one ``step`` per episode and turn); tokens move as
 tensors and lists, never one by one.
 """
@@ -32,7 +43,10 @@ tensors and lists, never one by one.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import threading
+import time
 from typing import Any, Callable
 
 import torch
@@ -42,8 +56,10 @@ from relax_core.batch import FIELDS, PAD_TOKEN
 from relax_core.contracts import GenerationOutput, SamplingParams
 from relax_core.environments import EPISODE_ENDS, Reply, SingleTurn, Turn
 
+log = logging.getLogger("relax.episodes")
+
 _MARK = "\x00relax-turn\x00"
-ENV_DONE, MAX_TURNS, MAX_EPISODE_TOKENS, TURN_LENGTH = range(len(EPISODE_ENDS))
+ENV_DONE, MAX_TURNS, MAX_EPISODE_TOKENS, TURN_LENGTH, ENV_ERROR, ENV_TIMEOUT = range(len(EPISODE_ENDS))
 #: the per-token fields the runner builds itself (the engine's own per-token fields are carried)
 _OWN = frozenset({"response_ids", "loss_mask", "env_mask", "turn_index", "turn_rewards", "response_lengths",
                   "truncated", "responses", "num_turns", "episode_end", "env_rewards", "transcripts"})
@@ -90,6 +106,40 @@ class ReplyRenderer:
         return text, self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def call_all(calls: list[Callable[[], Any]], timeout: float, workers: int) -> list[tuple[int | None, Any]]:
+    """Run ``calls`` in daemon threads, ``workers`` at a time (in order, in waves), each wave
+    waiting at most ``timeout`` seconds.
+
+    Returns:
+        per call ``(None, value)``, ``(ENV_ERROR, "<Type>: <message>")`` when it raised, or
+        ``(ENV_TIMEOUT, None)`` when it had not returned by its wave's deadline (its thread is
+        abandoned; it cannot be stopped).
+    """
+    out: list[tuple[int | None, Any]] = [(ENV_TIMEOUT, None)] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            out[i] = (None, calls[i]())
+        except Exception as e:  # noqa: BLE001 - the episode's fault, reported per episode
+            out[i] = (ENV_ERROR, f"{type(e).__name__}: {e}")
+
+    for lo in range(0, len(calls), workers):
+        threads = [threading.Thread(target=run, args=(i,), daemon=True, name="relax-env-step")
+                   for i in range(lo, min(lo + workers, len(calls)))]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+    return list(out)  # a copy: an abandoned thread that returns later changes nothing
+
+
+def _checked(reply: Any) -> Reply:
+    if not isinstance(reply, Reply):
+        raise TypeError(f"step returned {type(reply).__name__}, not a relax_core.environments.Reply")
+    return reply
+
+
 @dataclasses.dataclass
 class _Part:
     """A piece of an episode's response: a model turn (row ``row`` of the engine output ``out``,
@@ -117,6 +167,7 @@ class _Episode:
 
     episode: Any
     context: list[int]
+    fault: int | None = None
     parts: list[_Part] = dataclasses.field(default_factory=list)
     used: int = 0
     turns: int = 0
@@ -146,10 +197,13 @@ class EpisodeRunner:
         score: for environments declaring ``scores_turns``, the run's
             ``score(responses, labels, metadata, prompts) -> (rewards, metrics)``; else ``None``.
         pad_token_id: pads ``response_ids``.
+        env_timeout: ``--env-timeout``, seconds per environment call.
+        env_workers: ``--env-num-workers``, environment calls at once.
     """
 
     def __init__(self, engine: Any, environment: Any, renderer: ReplyRenderer, *, max_turns: int,
-                 max_episode_tokens: int | None, score: Callable | None, pad_token_id: int):
+                 max_episode_tokens: int | None, score: Callable | None, pad_token_id: int,
+                 env_timeout: float = 60.0, env_workers: int = 4):
         self.engine = engine
         self.environment = environment
         self.renderer = renderer
@@ -157,9 +211,28 @@ class EpisodeRunner:
         self.max_episode_tokens = max_episode_tokens
         self.score = score
         self.pad_token_id = pad_token_id
-        self.score_metrics: dict[str, float] = {}
-        """The scorer's counts (``rollout/reward_errors``, …) summed over the turns it scored in
-        the last :meth:`generate` call."""
+        self.env_timeout = env_timeout
+        self.env_workers = env_workers
+        self._warned = False  # the first failed environment call of a generate() call is logged
+        self.metrics: dict[str, float] = {}
+        """Counts of the last :meth:`generate` call: the scorer's (``rollout/reward_errors``, …)
+        summed over the turns it scored, and ``rollout/env_errors`` / ``rollout/env_timeouts``
+        (episodes ended by a failed environment call)."""
+
+    def _call(self, eps: list[_Episode], calls: list[Callable[[], Any]]) -> list[Any]:
+        """:func:`call_all` of one call per episode of ``eps``; a failed call ends its episode
+        (``fault``, counted) and gives ``None``."""
+        results = call_all(calls, self.env_timeout, self.env_workers)
+        for e, (fault, value) in zip(eps, results):
+            if fault is not None:
+                e.fault = fault
+                name = "rollout/env_errors" if fault == ENV_ERROR else "rollout/env_timeouts"
+                self.metrics[name] = self.metrics.get(name, 0.0) + 1.0
+                if not self._warned:
+                    self._warned = True
+                    log.warning("environment %s: %s", type(self.environment).__name__,
+                                value if fault == ENV_ERROR else f"a call ran past --env-timeout {self.env_timeout:g} s")
+        return [v if f is None else None for f, v in results]
 
     def generate(self, rows: list[dict], prompts: list[str], prompt_ids: list[list[int]],
                  sampling: SamplingParams) -> GenerationOutput:
@@ -174,8 +247,11 @@ class EpisodeRunner:
         Raises:
             ValueError: the engine returned no ``loss_mask``, or a reply cannot be rendered.
         """
-        eps = [_Episode(self.environment.start(r), list(p)) for r, p in zip(rows, prompt_ids)]
-        self.score_metrics = {}
+        self.metrics = {}
+        self._warned = False
+        eps = [_Episode(None, list(p)) for p in prompt_ids]
+        for e, episode in zip(eps, self._call(eps, [lambda r=r: self.environment.start(r) for r in rows])):
+            e.episode = episode
         limit = self.max_episode_tokens
         tok = self.renderer.tokenizer
         for k in range(self.max_turns):
@@ -199,7 +275,9 @@ class EpisodeRunner:
                 e.used += n
                 e.turns += 1
                 cut = bool(out.truncated[j]) or n < lengths[j]
-                if cut and n == n_room and n_room < sampling.max_new_tokens:
+                if e.fault is not None:  # its start failed: this turn was its only one
+                    e.end = e.fault
+                elif cut and n == n_room and n_room < sampling.max_new_tokens:
                     e.end = MAX_EPISODE_TOKENS  # cut by the episode's budget, not by the turn's limit
                 elif cut:
                     e.end = TURN_LENGTH
@@ -211,10 +289,17 @@ class EpisodeRunner:
                                             [rows[i]["label"] for i, _ in stepping],
                                             [rows[i]["metadata"] for i, _ in stepping], [prompts[i] for i, _ in stepping])
                 for name, v in counts.items():
-                    self.score_metrics[name] = self.score_metrics.get(name, 0.0) + v
-            for (i, j), s in zip(stepping, scores):
-                e = eps[i]
-                reply: Reply = e.episode.step(Turn(text=e.last_text, index=k, score=s))
+                    self.metrics[name] = self.metrics.get(name, 0.0) + v
+            stepped = [eps[i] for i, _ in stepping]
+            replies = self._call(stepped, [lambda e=e, s=s: _checked(e.episode.step(Turn(text=e.last_text, index=k,
+                                                                                          score=s)))
+                                           for e, s in zip(stepped, scores)])
+            for e, reply in zip(stepped, replies):
+                if e.fault is not None:  # raised or hung: no reward, not scored, not trained on
+                    e.end, e.rewards = e.fault, []
+                    for p in e.parts:
+                        p.reward = None
+                    continue
                 if reply.reward is not None:
                     e.parts[-1].reward = float(reply.reward)
                     e.rewards.append(float(reply.reward))
@@ -308,11 +393,13 @@ def build_runner(cfg: Any, reg: Any, engine: Any, score: Callable | None) -> Epi
     tokenizer = engine.tokenizer
     return EpisodeRunner(engine, env, ReplyRenderer(tokenizer, cfg.apply_chat_template),
                          max_turns=cfg.max_turns if caps.multi_turn else 1, max_episode_tokens=cfg.max_episode_tokens,
-                         score=score if caps.scores_turns else None, pad_token_id=tokenizer.pad_token_id or 0)
+                         score=score if caps.scores_turns else None, pad_token_id=tokenizer.pad_token_id or 0,
+                         env_timeout=cfg.env_timeout, env_workers=cfg.env_num_workers)
 
 
 def single_turn_runner(engine: Any, cfg: Any) -> EpisodeRunner:
     """The runner of a loop built without an environment (tests): :class:`SingleTurn`."""
     return EpisodeRunner(engine, SingleTurn(), ReplyRenderer(engine.tokenizer, False), max_turns=1,
                          max_episode_tokens=cfg.max_episode_tokens, score=None,
-                         pad_token_id=engine.tokenizer.pad_token_id or 0)
+                         pad_token_id=engine.tokenizer.pad_token_id or 0, env_timeout=cfg.env_timeout,
+                         env_workers=cfg.env_num_workers)

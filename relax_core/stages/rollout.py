@@ -45,7 +45,7 @@ import torch
 from relax_core.batch import Batch
 from relax_core.contracts import RewardBatch, SamplingParams
 from relax_core.data import Dataset, encode_prompts
-from relax_core.environments import prompt_of
+from relax_core.environments import EPISODE_ENDS, prompt_of
 from relax_core.evaluation.metrics import sample_metrics
 from relax_core.numerics import ZERO_STD_TOL, group_stats
 from relax_core.sampling import PromptResults
@@ -274,9 +274,15 @@ class Rollout:
 
     def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Raw rewards (NaN = unscored) and the scorer's error counts: the environment's
-        episode reward where it gave one (``env_rewards``), else the scorer's of ``responses``."""
+        episode reward where it gave one (``env_rewards``), else the scorer's of ``responses``;
+        an episode ended by a failed environment call (``env_error``, ``env_timeout``) stays
+        unscored."""
         env = batch.env_rewards
-        todo = list(range(batch.size)) if env is None else torch.isnan(env).nonzero().flatten().tolist()
+        if env is None:
+            todo = list(range(batch.size))
+        else:
+            failed = batch.episode_end >= EPISODE_ENDS.index("env_error")
+            todo = (torch.isnan(env) & ~failed).nonzero().flatten().tolist()
         pick = lambda xs: [xs[i] for i in todo]  # noqa: E731
         scored, metrics = self.c.score(pick(batch.responses), pick(batch.labels), pick(batch.metadata),
                                        pick(batch.prompts)) if todo else ([], {})
@@ -303,6 +309,8 @@ class Rollout:
         kept: list[Batch] = []
         generated: list[Batch] = []
         metrics: dict[str, float] = {"rollout/reward_errors": 0.0, "rollout/reward_timeouts": 0.0}
+        if self.episodes.max_turns > 1:  # single-turn runs report them only when nonzero
+            metrics.update({"rollout/env_errors": 0.0, "rollout/env_timeouts": 0.0})
         n_groups, gen_tokens, t_gen = 0, 0, 0.0
         proc_rounds: list[dict[str, float]] = []
         score_rounds: list[dict[str, float]] = []
@@ -319,7 +327,7 @@ class Rollout:
                 batch = self.generate(self.data.rows, indices, cfg.n_samples_per_prompt,
                                       self.sampling(sampling_seed(cfg.seed, step, r)),
                                       group_offset=(step * rounds + r) * cfg.rollout_batch_size)
-                for k, v in self.episodes.score_metrics.items():  # an environment's scored turns
+                for k, v in self.episodes.metrics.items():  # an environment's scored turns and faults
                     metrics[k] = metrics.get(k, 0.0) + v
             t_gen += time.monotonic() - t0
             gen_tokens += int(batch.response_lengths.sum())

@@ -223,7 +223,7 @@ def test_scored_turns_reach_the_environment_and_their_counts_are_kept(tokenizer)
     # turn 0: 100 unscored (wrong: feedback), 101 right (reward 1 · 0.5⁰); turns 1, 2: 100 alone, unscored,
     # the last attempt ends it without a reward (the run's scorer then scores its last answer)
     assert out.num_turns.tolist() == [3, 1] and [len(c) for c in calls] == [2, 1, 1]
-    assert runner.score_metrics == {"rollout/reward_errors": 3.0}
+    assert runner.metrics == {"rollout/reward_errors": 3.0}
     assert math.isnan(out.env_rewards[0]) and out.env_rewards[1] == 1.0
     assert [EPISODE_ENDS[int(e)] for e in out.episode_end] == ["env_done", "env_done"]
 
@@ -263,3 +263,70 @@ def test_corrections_count_only_model_tokens(name, params):
     torch.testing.assert_close(l1, l0)
     torch.testing.assert_close(g1[:, dest], g0)
     assert not g1[~holed.loss_mask].any()
+
+
+class FaultyEnv(ScriptedEnv):
+    """ScriptedEnv whose episode of prompt ``p`` raises at ``start`` (``faults[p] == "start"``),
+    raises at turn k (``("raise", k)``), hangs at turn k (``("hang", k)``: until ``release``
+    is set, at most 10 s) or returns a non-Reply at turn k (``("junk", k)``)."""
+
+    def __init__(self, replies, rewards, faults):
+        super().__init__(replies, rewards)
+        self.faults, self.release = faults, __import__("threading").Event()
+
+    def start(self, row):
+        fault = self.faults.get(row["prompt"])
+        if fault == "start":
+            raise RuntimeError("no such game")
+        episode, env = super().start(row), self
+
+        class Faulty:
+            def step(self, turn):
+                if fault is not None and fault[1] == turn.index:
+                    if fault[0] == "raise":
+                        raise KeyError("boom")
+                    if fault[0] == "hang":
+                        env.release.wait(10)
+                    if fault[0] == "junk":
+                        return "done"
+                return episode.step(turn)
+
+        return Faulty()
+
+
+def test_a_raising_or_hanging_environment_ends_only_its_episode(tokenizer, caplog):
+    import time
+
+    from relax_core.stages.rollout import Rollout
+
+    scripts = {p: [[1010 + p, EOS], [1020 + p, EOS], [1030 + p, EOS]] for p in (100, 101, 102, 103, 104)}
+    replies = {p: ["again", "again", None] for p in scripts}
+    rewards = {p: [0.25, 0.25, 1.0] for p in scripts}
+    env = FaultyEnv(replies, rewards, {101: ("raise", 0), 102: ("hang", 1), 103: "start", 104: ("junk", 1)})
+    engine = ScriptedEngine(tokenizer, scripts)
+    runner = EpisodeRunner(engine, env, ReplyRenderer(tokenizer, True), max_turns=3, max_episode_tokens=None,
+                           score=None, pad_token_id=EOS, env_timeout=0.5, env_workers=2)
+    rows = [{"prompt": p, "label": "x", "metadata": {}} for p in scripts]
+    start = time.monotonic()
+    try:
+        out = runner.generate(rows, [""] * 5, [[p, 51] for p in scripts], SamplingParams(max_new_tokens=4))
+    finally:
+        env.release.set()
+    assert time.monotonic() - start < 3.0  # the hung step cost one --env-timeout, not its 10 s
+    ends = [EPISODE_ENDS[int(e)] for e in out.episode_end]
+    assert ends == ["env_done", "env_error", "env_timeout", "env_error", "env_error"]
+    assert runner.metrics == {"rollout/env_errors": 3.0, "rollout/env_timeouts": 1.0}
+    assert "KeyError: 'boom'" in caplog.text or "RuntimeError: no such game" in caplog.text
+    # the healthy episode went on to its end, with its rewards; the failed ones keep their tokens, no reward
+    assert out.num_turns.tolist() == [3, 1, 2, 1, 2] and engine.calls == {100: 3, 101: 1, 102: 2, 103: 1, 104: 2}
+    assert out.env_rewards[0] == 1.5 and all(math.isnan(x) for x in out.env_rewards[1:].tolist())
+    assert out.turn_rewards[1:].abs().sum() == 0 and out.turn_rewards[0].sum() == 1.5
+    assert out.response_ids[3, :2].tolist() == [1113, EOS] and out.loss_mask[3].sum() == 2
+    # not scored (unscored: NaN reward, advantage 0), while an episode without a reward of its own is
+    scored = []
+    fake = type("R", (), {"c": type("C", (), {"score": staticmethod(
+        lambda r, l, m, p: (scored.extend(r) or [0.5] * len(r), {}))})()})()
+    b = Batch(**out.items(), rewards=torch.full((5,), math.nan), prompts=[""] * 5, labels=["x"] * 5,
+              metadata=[{}] * 5).replace(env_rewards=torch.tensor([math.nan, *out.env_rewards[1:].tolist()]))
+    rewards = Rollout.score(fake, b)[0].rewards
+    assert rewards[0] == 0.5 and len(scored) == 1 and torch.isnan(rewards[1:]).all()

@@ -19,7 +19,9 @@ REGEN = "python -m relax_core.authoring.docgen docs"
 GENERATED = ("components", "reference")
 #: Flags the pages mention that are not relax's: pip's, `ray start`'s, and the example
 #: plugin's of the plugin guide.
-OTHER_FLAGS = {"--no-deps", "--target", "--head", "--address", "--port", "--num-gpus", "--myalgo-beta"}
+OTHER_FLAGS = {"--no-deps", "--target", "--head", "--address", "--port", "--num-gpus", "--myalgo-beta",
+               # bubblewrap's, in the python tool's threat model (guide/environments.md)
+               "--clearenv", "--disable-userns", "--new-session", "--die-with-parent"}
 #: Files the docs link to that other issues commit: the Ray guide (issue 8), the default
 #: run's figure (issue 7).  See test_site_builds_strict.
 PENDING = ("guide/ray.md", "images/default-run.png")

@@ -1,7 +1,8 @@
 """Environments end to end on the hf engine and a tiny random model: for every built-in
 environment the trained token ids are the sampled ones, every loss_mask-1 token carries the
 engine's rollout log-prob (equal to a teacher-forced forward of the trained sequence), the
-engine continued from exact prefixes of it; `retry` and `tools` train 2 steps."""
+engine continued from exact prefixes of it (between the turns, tools: calculator and sandboxed
+python results; gymnasium: FrozenLake's replies); `retry`, `tools` and `gymnasium` train 2 steps."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from relax_core.reporting.metrics import read_metrics
 from relax_core.host.plugins import default_registry
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*(3+4)"}}</tool_call>'
+PYTHON_CALL = '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>'
 
 
 class Recording:
@@ -37,11 +39,11 @@ class CallingEpisode:
     """A tools episode whose model turns all read as a calculator call (a random model writes
     none), so that tool results are rendered between real sampled turns."""
 
-    def __init__(self, episode):
-        self.episode = episode
+    def __init__(self, episode, call=CALL):
+        self.episode, self.call = episode, call
 
     def step(self, turn: Turn) -> Reply:
-        return self.episode.step(Turn(text=turn.text + CALL, index=turn.index, score=turn.score))
+        return self.episode.step(Turn(text=turn.text + self.call, index=turn.index, score=turn.score))
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +53,19 @@ def engine(tiny_model_dir):
     return HFEngine(str(tiny_model_dir), seed=0)
 
 
-@pytest.mark.parametrize("name", ["single_turn", "retry", "tools"])
-def test_trained_ids_are_the_sampled_ids(name, engine):
+@pytest.mark.parametrize("name, tool", [("single_turn", None), ("retry", None), ("tools", "calculator"),
+                                        ("tools", "python"), ("gymnasium", None)])
+def test_trained_ids_are_the_sampled_ids(name, tool, engine):
     reg = default_registry()
     if name not in reg.names("environment"):
         pytest.skip(f"environment {name} not installed")
-    env = reg.get("environment", name).spec.build()
-    if name == "tools":
-        tools, env = env, type("Calling", (), {"start": lambda self, row: CallingEpisode(tools.start(row))})()
+    spec = reg.get("environment", name).spec
+    if tool == "python" and spec.params(use="python").problems():
+        pytest.skip(f"no python sandbox here: {spec.params(use='python').problems()}")
+    env = spec.build(spec.params(use=tool)) if tool else spec.build()
+    if name == "tools":  # the sandboxed python tool's output comes back as tool tokens, like the calculator's
+        call = CALL if tool == "calculator" else PYTHON_CALL
+        tools, env = env, type("Calling", (), {"start": lambda self, row: CallingEpisode(tools.start(row), call)})()
     caps = reg.get("environment", name).spec.capabilities_for()
     rec = Recording(engine)
     score = (lambda texts, *rest: ([0.0] * len(texts), {})) if caps.scores_turns else None  # always wrong: retry
@@ -95,13 +102,17 @@ def test_trained_ids_are_the_sampled_ids(name, engine):
         forced = logits.log_softmax(-1).gather(1, ids[0, len(prompts[b]):, None]).squeeze(1)
         torch.testing.assert_close(forced[mask[:n]], out.rollout_log_probs[b, :n][mask[:n]], atol=2e-4, rtol=0)
         assert EPISODE_ENDS[int(out.episode_end[b])] in EPISODE_ENDS
+        if name == "tools" and turns[b] > 1:
+            result = "42\n" if tool == "python" else "84"  # print(6 * 7) in the sandbox; 12*(3+4)
+            assert f"<|im_start|>tool\n{result}<|im_end|>" in out.transcripts[b], out.transcripts[b]
 
 
 # a random model almost never samples EOS: the stop string "e" ends its turns early (the host
 # then closes each turn itself), so that episodes have several turns
 @pytest.mark.parametrize("name, extra", [("retry", ["--max-turns", "3", "--calculate-per-token-loss",
                                                     "--rollout-stop", "e"]),
-                                         ("tools", ["--max-turns", "2"])])
+                                         ("tools", ["--max-turns", "2"]),
+                                         ("gymnasium", ["--max-turns", "2", "--rollout-stop", "e"])])
 def test_multi_turn_environment_trains_two_steps(name, extra, tiny_model_dir, prompts_file, tmp_path):
     if name not in default_registry().names("environment"):
         pytest.skip(f"environment {name} not installed")

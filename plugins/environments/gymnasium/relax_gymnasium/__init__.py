@@ -1,0 +1,1 @@
+"""relax-gymnasium: Gymnasium environments as multi-turn Relax episodes."""
