@@ -30,6 +30,10 @@ with float32 master weights and a float32 log-softmax.  ``--gradient-checkpointi
 transformers' activation recomputation.  Dropout is disabled in every model (the old,
 rollout and training forwards must be the same function), except ``--lora-dropout``.
 
+Teacher (``--teacher-model``, on-policy distillation): a frozen model built by
+:meth:`TorchBackend.setup` beside the actor, whose :meth:`~TorchBackend.forward` as role
+``teacher`` gives the ``teacher_log_probs`` field, computed exactly as the actor's log-probs.
+
 LoRA (``--lora-rank > 0``, :mod:`relax_torch.lora`): the actor carries peft's adapters and
 AdamW optimises only them; the ``ref`` role is the actor with the adapter disabled (no
 second model); :meth:`TorchBackend.engine_state_dict` gives the merged weights under the
