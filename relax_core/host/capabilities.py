@@ -316,7 +316,7 @@ CAPABILITIES: tuple[Capability, ...] = (
                lambda ctx, c: f"does not allow reward post-processors that replace its reward signal ({', '.join(b)})" if not c.allows_reward_post_processors and (b := _strict_processors(ctx)) else None,
                "remove those --reward-processor options"),
     Capability(E, "requires_fields", "reads", "Batch fields it reads that not every run has.", _fields_check,
-               "choose a rollout engine / training backend whose `provides` column lists them (`relax capabilities`); teacher_log_probs also needs --teacher-model"),
+               "choose a rollout engine / training backend whose `provides` column lists them (`relax capabilities`)"),
     Capability(E, "supports_loss_mask_holes", "mask holes", "Correct with holes in loss_mask (environment tokens inside an episode; verified by the contract kit); needed by multi-turn environments.",
                lambda ctx, c: f"is not declared correct with holes in loss_mask, which the episodes of multi-turn environment '{ctx.multi_turn_environment}' have (its environment tokens)" if ctx.multi_turn_environment and not c.supports_loss_mask_holes else None,
                "choose an estimator whose `mask holes` column says yes (`relax capabilities --kind estimator`), or --environment single_turn"),
@@ -329,7 +329,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(E, "metrics", "metrics", "Names of the estimator-specific metrics it reports.", matrix=False),
     # ---------------------------------------------------------------- corrections
     Capability(C, "requires_fields", "reads", "Batch fields it reads that not every run has (engine log-probs, top-k heads, routed experts, a plugin's own).",
-               _fields_check, "choose a rollout engine / training backend whose `provides` column lists them (hf + torch provide all the core's); teacher_log_probs also needs --teacher-model"),
+               _fields_check, "choose a rollout engine / training backend whose `provides` column lists them (hf + torch provide all the core's)"),
     Capability(C, "needs_moe_model", "MoE", "Only meaningful for mixture-of-experts models.",
                lambda ctx, c: "needs a mixture-of-experts model, but --model is dense (routing replay has no meaning there)" if c.needs_moe_model and ctx.model_is_moe is False else None,
                "use an MoE --model (e.g. Qwen3-MoE) or drop this correction"),
