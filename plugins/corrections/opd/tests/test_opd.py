@@ -107,6 +107,13 @@ def test_estimator_that_cannot_take_an_advantage_term_is_refused():
     assert p.constraint == "accepts_advantage_terms" and p.component.startswith("estimator 'gspo'")
     assert "gspo cannot take a per-token advantage term, which correction 'opd' adds" in p.message
     assert "adv terms" in p.fix and "drop that --correction" in p.fix
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    res = CliRunner().invoke(app, ["train", "--dry-run", "--estimator", "gspo", "--correction", "opd",
+                                   "--teacher-model", "smollm2-135m-instruct"])
+    assert res.exit_code == 2 and "accepts_advantage_terms" in res.output
     for name in ("grpo", "rloo", "cispo", "sapo", "m2po", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"):
         extra = {"kl_coef": 0.01} if name == "reinforce_plus_plus" else {}
         assert not [q for q in problems(advantage_estimator=name, correction=("opd",), teacher_model="smollm2-135m-instruct",
