@@ -130,6 +130,8 @@ CORE_FIELDS: tuple[Field, ...] = (
     # advantage: no-grad forwards of the backend, then the estimator
     _f("old_log_probs", "token", "float32", "advantage", "log π_old (recomputed, or the rollout log-probs)"),
     _f("ref_log_probs", "token", "float32", "advantage", "log π_ref of the reference model"),
+    _f("teacher_log_probs", "token", "float32", "advantage",
+       "log π_teacher(y_t) of the --teacher-model on the sampled tokens, at the rollout temperature, nats"),
     _f("values", "token", "float32", "advantage", "critic values V(s_t) when the rollout was scored"),
     _f("advantages", "token", "float32", "advantage", "token advantages (0 at masked positions)"),
     _f("returns", "token", "float32", "advantage", "returns (critic targets; else the pre-normalisation signal)"),
@@ -146,12 +148,17 @@ FIELDS: dict[str, Field] = {f.name: f for f in CORE_FIELDS}
 EPISODE_FIELDS = frozenset({"env_mask", "turn_index", "turn_rewards", "num_turns", "episode_end", "env_rewards",
                             "transcripts"})
 
+#: The fields of a teacher (``--teacher-model``): a backend that declares them in
+#: ``provides_fields`` computes them when the run has a teacher, and only then.
+TEACHER_FIELDS = frozenset({"teacher_log_probs"})
+
 #: The fields every run has: the loop's, the reward's and the advantage stage's, what every
 #: engine returns and what every backend's forward gives.  The others (engine log-probs,
 #: top-k heads, routed experts, top-k log-probs of the trainer, plugin fields) exist when
-#: the selected engine or backend declares them (``provides_fields``).
+#: the selected engine or backend declares them (``provides_fields``); the teacher's, when a
+#: backend declares them and ``--teacher-model`` is set.
 ALWAYS_PROVIDED = frozenset(
-    {f.name for f in CORE_FIELDS if f.stage in ("loop", "reward", "advantage")}
+    {f.name for f in CORE_FIELDS if f.stage in ("loop", "reward", "advantage") and f.name not in TEACHER_FIELDS}
     | {"prompt_ids", "response_ids", "loss_mask", "response_lengths", "truncated", "prompts", "responses",
        "log_probs", "entropy"} | EPISODE_FIELDS)
 

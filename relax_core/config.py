@@ -99,6 +99,7 @@ class RunConfig:
     kl_loss_coef: float = opt(0.0, "KL loss coefficient.", ge=0, group="loss")
     kl_loss_type: str = opt("k1", "KL estimator: k1, k2, k3 or low_var_kl.", choices=KL_TYPES, group="loss")
     ref_load: str | None = opt(None, "Reference model (default: the initial weights of --model).", group="loss")
+    teacher_model: str | None = opt(None, "Teacher model for on-policy distillation: 'smollm2-135m-instruct' (embedded), a local Hugging Face directory or a hub name, loaded frozen beside the actor; its log-probs of the sampled tokens are the batch field teacher_log_probs, read by --correction opd (docs/guide/distillation.md). Must share --model's tokenizer.", group="loss")
     use_rollout_logprobs: bool = opt(False, "Use the engine's log-probs as the old policy.", group="loss")
     compile_loss: bool = opt(False, "Fuse the actor loss (policy loss, corrections, reduction, metrics) with torch.compile (dynamic shapes; compiled once per run, eager fallback with a warning if compilation fails).", group="loss")
 

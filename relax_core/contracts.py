@@ -211,6 +211,26 @@ class Correction(Protocol):
 
 
 @dataclass(frozen=True, kw_only=True)
+class AdvantageTerm:
+    """Output of ``advantage_term`` of a correction that declares ``advantage_term``
+    (:class:`~relax_core.specs.CorrectionCapabilities`): a per-token term the core adds to
+    the estimator's advantages, ``A_t ← A_t + term_t``, before ``--normalize-advantages``.
+
+    Attributes:
+        term: float32 ``[B, T]``, detached, 0 at masked positions (which may hold NaN in
+            the inputs).
+        metrics: scalar metrics (python floats) of the whole batch, e.g. ``opd/reverse_kl``.
+    """
+
+    term: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class AdvantageCorrection(Protocol):
+    def advantage_term(self, inp: AdvantageInput) -> AdvantageTerm: ...
+
+
+@dataclass(frozen=True, kw_only=True)
 class RewardBatch:
     """What reward post-processors transform (whole batch, before the estimator).
 

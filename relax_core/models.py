@@ -183,11 +183,12 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
     return True
 
 
-def model_problem(model: str) -> str | None:
-    """Why ``--model`` cannot load, answered in about a second without loading anything:
-    not the embedded model, not a local model directory, not in the local Hugging Face
-    cache, and the hub cannot be reached (offline).  ``None`` when it may load.  Checked by
-    ``relax train`` and ``--dry-run`` before any model loads."""
+def model_problem(model: str, flag: str = "--model") -> str | None:
+    """Why ``--model`` (or the model of another ``flag``, e.g. ``--teacher-model``) cannot
+    load, answered in about a second without loading anything: not the embedded model, not
+    a local model directory, not in the local Hugging Face cache, and the hub cannot be
+    reached (offline).  ``None`` when it may load.  Checked by ``relax train`` and
+    ``--dry-run`` before any model loads."""
     if model == DEFAULT_MODEL:
         try:
             default_gguf_path()
@@ -197,7 +198,7 @@ def model_problem(model: str) -> str | None:
     try:
         path = resolve_model_path(model)
     except ModelLoadError as e:
-        return str(e)
+        return str(e).replace("--model", flag, 1)
     if Path(path).is_dir():
         return None
     from huggingface_hub import try_to_load_from_cache
@@ -205,13 +206,45 @@ def model_problem(model: str) -> str | None:
     try:
         cached = try_to_load_from_cache(model, "config.json")
     except ValueError:  # not a valid repo id ("a/b/c", spaces, ...)
-        return (f"--model {model}: not a local directory and not a valid Hugging Face hub name; give a local "
+        return (f"{flag} {model}: not a local directory and not a valid Hugging Face hub name; give a local "
                 f"model directory (config.json + weights + tokenizer) or the embedded default {DEFAULT_MODEL}")
     if isinstance(cached, str) or _hub_reachable():
         return None
-    return (f"--model {model}: not the embedded model, not a local directory, not in the local Hugging Face "
+    return (f"{flag} {model}: not the embedded model, not a local directory, not in the local Hugging Face "
             f"cache, and the hub cannot be reached (offline); use the embedded default {DEFAULT_MODEL}, or a "
             f"local model directory (config.json + weights + tokenizer)")
+
+
+def tokenizer_difference(student: Any, teacher: Any) -> str | None:
+    """How two tokenizers differ where on-policy distillation needs them equal, or ``None``.
+
+    The teacher scores the student's sampled token ids, so an id must name the same token
+    for both: the same vocabulary (size, and every token string, added and special tokens
+    such as the chat template's included, at the same id) and the same EOS and BOS ids.
+    Padding is not compared (the backend pads with the student's pad id and masks it).
+
+    Args:
+        student, teacher: ``transformers`` tokenizers (``len``, ``get_vocab``,
+            ``eos_token_id``, ``bos_token_id``).
+
+    Returns:
+        ``"; "``-joined differences, student's value first, e.g. ``"vocab size 49152 vs 259;
+        eos id 2 vs 256"`` (at most 3 differing tokens named).
+    """
+    out = []
+    if len(student) != len(teacher):
+        out.append(f"vocab size {len(student)} vs {len(teacher)}")
+    for role in ("eos", "bos"):
+        a, b = getattr(student, f"{role}_token_id"), getattr(teacher, f"{role}_token_id")
+        if a != b:
+            out.append(f"{role} id {a} vs {b}")
+    va, vb = student.get_vocab(), teacher.get_vocab()
+    if va != vb:
+        bad = sorted((t for t in va.keys() | vb.keys() if va.get(t) != vb.get(t)),
+                     key=lambda t: min(va.get(t, 1 << 62), vb.get(t, 1 << 62)))
+        shown = ", ".join(f"{t!r} id {va.get(t)} vs {vb.get(t)}" for t in bad[:3])
+        out.append(f"{len(bad)} token(s) with other ids ({shown}{', ...' if len(bad) > 3 else ''})")
+    return "; ".join(out) or None
 
 
 def _hub_error(model: str, err: Exception) -> ModelLoadError:

@@ -213,6 +213,13 @@ class EstimatorCapabilities:
     multi-turn episode): the advantages, loss and gradient at the model tokens equal those of
     the same tokens without the holes, and per-token counts exclude the holes (verified by
     the contract kit).  Required by multi-turn environments."""
+    accepts_advantage_terms: bool = False
+    """Its loss is correct when a per-token term is added to the advantages it computed
+    (``A_t ← A_t + a_t`` between ``compute_advantages`` and ``policy_loss``, e.g. on-policy
+    distillation's ``−coef·(log π_old − log π_teacher)``): its policy loss treats each token's
+    advantage on its own (a token-level ratio or REINFORCE), and nothing it computes from the
+    advantages before the loss would go stale.  Required by corrections that declare
+    ``advantage_term``."""
     uses_turn_rewards: bool = False
     """Reads the per-turn rewards (``turn_rewards``) of environments that give them;
     otherwise it trains on each episode's return (their sum, ``rewards``)."""
@@ -251,6 +258,11 @@ class CorrectionCapabilities:
     conflicts_with: frozenset[str] = frozenset()
     """Names of other corrections it cannot be combined with."""
     sampling: SamplingConstraints = SamplingConstraints()
+    advantage_term: bool = False
+    """It corrects the advantages, not the loss: its object has ``advantage_term(AdvantageInput)
+    -> AdvantageTerm`` (:mod:`relax_core.contracts`), a per-token term the core adds to the
+    estimator's advantages before ``--normalize-advantages``, and no ``apply``.  Needs an
+    estimator that declares ``accepts_advantage_terms``."""
     order: int = 100
     """Application order (lower first) when several corrections are selected."""
     supports_context_parallel: bool = False

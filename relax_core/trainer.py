@@ -13,8 +13,8 @@ pushing or posting ``Publisher`` of :mod:`relax_core.stages.rollout`): see :func
 
 Old log-probs (``train/old_logp_source``): 0 = ``detach(log π_θ)`` in the loss, used when
 there is exactly one optimizer step per rollout and nothing before the update needs them
-(the trainer's weights *are* the old policy, so a separate forward would give the same
-numbers); 1 = recomputed by a forward pass before the update; 2 = the engine's rollout
+(a reward-side KL, a critic and a teacher's distillation term do; the trainer's weights
+*are* the old policy, so a separate forward would give the same numbers); 1 = recomputed by a forward pass before the update; 2 = the engine's rollout
 log-probs (``--use-rollout-logprobs``).
 """
 
@@ -59,7 +59,7 @@ def old_logp_source(cfg: Any, needs_critic: bool) -> int:
     """Where ``log π_old`` comes from (see the module docstring)."""
     if cfg.use_rollout_logprobs:
         return OLD_LOGP_ROLLOUT
-    if cfg.num_steps_per_rollout == 1 and cfg.kl_coef == 0 and not needs_critic:
+    if cfg.num_steps_per_rollout == 1 and cfg.kl_coef == 0 and not needs_critic and not cfg.teacher_model:
         return OLD_LOGP_CURRENT
     return OLD_LOGP_RECOMPUTED
 
@@ -107,10 +107,16 @@ class Trainer:
             old = be.forward(batch, role="actor").log_probs.detach().float()
         ref = be.forward(batch, role="ref").log_probs.detach().float() if self.cfg.needs_reference_model else None
         values = be.forward(batch, role="critic").values.detach().float() if self.c.needs_critic else None
-        batch = batch.replace(old_log_probs=old, ref_log_probs=ref, values=values)
-        out = self.c.estimator.compute_advantages(AdvantageInput(**batch.items()))
+        teacher = be.forward(batch, role="teacher").log_probs.detach().float() if self.cfg.teacher_model else None
+        batch = batch.replace(old_log_probs=old, ref_log_probs=ref, values=values, teacher_log_probs=teacher)
+        view = AdvantageInput(**batch.items())
+        out = self.c.estimator.compute_advantages(view)
         adv = out.advantages.float()  # [B, T]
         metrics = dict(out.metrics)
+        for corr in self.c.advantage_terms:  # e.g. on-policy distillation: A_t − coef·(log π_old − log π_teacher)
+            term = corr.advantage_term(view)
+            adv = adv + term.term.float()
+            metrics.update(term.metrics)
         if self.cfg.normalize_advantages and not out.normalized:  # REINFORCE++ normalises its own
             # whitening over the valid tokens of the whole batch with the sample variance
             # (× N/(N−1)), as the specification's advantage whitening

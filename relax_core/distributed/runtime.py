@@ -77,7 +77,7 @@ def worker_config(config_dict: dict) -> dict:
     """The config dict for workers: local model paths made absolute (a worker's working
     directory is not the driver's)."""
     out = dict(config_dict)
-    for key in ("model", "ref_load"):
+    for key in ("model", "ref_load", "teacher_model"):
         v = out.get(key)
         if v and Path(v).expanduser().exists():
             out[key] = str(Path(v).expanduser().resolve())

@@ -187,28 +187,32 @@ def _unused_options(ctx: Context, caps: Any) -> str | None:
 def provided_fields(ctx: Context) -> set[str]:
     """The batch fields a run has: the core's and every engine's and backend's
     (:data:`relax_core.batch.ALWAYS_PROVIDED`), and what the selected engine and backend
-    declare in ``provides_fields``."""
-    from relax_core.batch import ALWAYS_PROVIDED
+    declare in ``provides_fields`` (the teacher's, :data:`~relax_core.batch.TEACHER_FIELDS`,
+    only with ``--teacher-model``)."""
+    from relax_core.batch import ALWAYS_PROVIDED, TEACHER_FIELDS
 
     out = set(ALWAYS_PROVIDED)
     for sel in (ctx.engine, ctx.backend):
         if sel is not None:
             out |= set(sel.caps.provides_fields)
-    return out
+    return out if ctx.cfg.teacher_model else out - TEACHER_FIELDS
 
 
 def _fields_check(ctx: Context, caps: Any) -> str | None:
-    from relax_core.batch import FIELDS
+    from relax_core.batch import FIELDS, TEACHER_FIELDS
 
     missing = sorted(set(caps.requires_fields) - provided_fields(ctx))
     if not missing:
         return None
+    backend = f"backend '{ctx.backend.name}'" if ctx.backend else "the backend"
     who = {"rollout": f"engine '{ctx.engine.name}'" if ctx.engine else "the engine",
-           "train": f"backend '{ctx.backend.name}'" if ctx.backend else "the backend"}
+           "train": backend, "advantage": backend}
     parts = []
     for name in missing:
         f = FIELDS.get(name)
-        if f is None:
+        if name in TEACHER_FIELDS and not ctx.cfg.teacher_model:
+            parts.append(f"'{name}', which needs a teacher: --teacher-model is not set")
+        elif f is None:
             parts.append(f"'{name}', which no installed plugin declares")
         else:
             origin = "" if f.declared_by == "relax_core" else f" (declared by {f.declared_by})"
@@ -316,6 +320,9 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(E, "supports_loss_mask_holes", "mask holes", "Correct with holes in loss_mask (environment tokens inside an episode; verified by the contract kit); needed by multi-turn environments.",
                lambda ctx, c: f"is not declared correct with holes in loss_mask, which the episodes of multi-turn environment '{ctx.multi_turn_environment}' have (its environment tokens)" if ctx.multi_turn_environment and not c.supports_loss_mask_holes else None,
                "choose an estimator whose `mask holes` column says yes (`relax capabilities --kind estimator`), or --environment single_turn"),
+    Capability(E, "accepts_advantage_terms", "adv terms", "Correct with a per-token term added to its advantages (a correction's advantage_term, e.g. opd's distillation term).",
+               lambda ctx, c: f"cannot take a per-token advantage term, which correction {', '.join(repr(x) for x in t)} adds to its advantages" if not c.accepts_advantage_terms and (t := [x.name for x in ctx.corrections if x.caps.advantage_term]) else None,
+               "choose an estimator whose `adv terms` column says yes (every built-in one but gspo; `relax capabilities --kind estimator`), or drop that --correction"),
     Capability(E, "uses_turn_rewards", "turn rewards", "Reads per-turn rewards (turn_rewards); otherwise trains on each episode's return, their sum.",
                lambda ctx, c: f"does not read per-turn rewards: it trains on each episode's return, the sum of the turn rewards of environment '{ctx.environment.name}' (no per-turn credit)" if ctx.environment and ctx.environment.caps.turn_rewards and not c.uses_turn_rewards else None,
                "to credit each turn, choose an estimator whose `turn rewards` column says yes", warn=True),
@@ -347,6 +354,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(C, "supports_fully_async", "async", "Valid with --fully-async.",
                lambda ctx, c: "does not support --fully-async" if ctx.cfg.fully_async and not c.supports_fully_async else None,
                "drop --fully-async"),
+    Capability(C, "advantage_term", "adv term", "Adds a per-token term to the estimator's advantages (before --normalize-advantages) instead of correcting the loss; needs an estimator that accepts it (`adv terms`)."),
     Capability(C, "order", "order", "Application order (lower first)."),
     Capability(C, "metrics", "metrics", "Names of the correction's metrics.", matrix=False),
     # ---------------------------------------------------------------- engines
@@ -387,7 +395,9 @@ CAPABILITIES: tuple[Capability, ...] = (
                "use --pipeline-parallel-size 1, or a --train-backend whose PP column says yes and whose requirements (`needs` column) hold (`relax capabilities`)"),
     Capability(B, "supports_critic", "critic", "Can train a critic (value model)."),
     Capability(B, "supports_routing_replay", "R3", "Replays recorded MoE routes in the training forward."),
-    Capability(B, "provides_fields", "provides", "Batch fields its forward gives beyond log_probs and entropy."),
+    Capability(B, "provides_fields", "provides", "Batch fields its forward gives beyond log_probs and entropy (teacher_log_probs: it loads --teacher-model).",
+               lambda ctx, c: f"does not compute a teacher's log-probs (teacher_log_probs), but --teacher-model is {ctx.cfg.teacher_model}" if ctx.cfg.teacher_model and "teacher_log_probs" not in c.provides_fields else None,
+               "use --train-backend torch for on-policy distillation, or drop --teacher-model"),
     Capability(B, "supports_gradient_checkpointing", "grad ckpt", "Activation recomputation.",
                lambda ctx, c: "does not support --gradient-checkpointing" if ctx.cfg.gradient_checkpointing and not c.supports_gradient_checkpointing else None,
                "remove --gradient-checkpointing"),

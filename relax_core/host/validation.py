@@ -171,6 +171,10 @@ def _run_problems(cfg: RunConfig) -> list[Problem]:
     out = []
     if cfg.ref_load and not Path(cfg.ref_load).expanduser().exists():
         out.append(Problem("config", "--ref-load", f"reference model {cfg.ref_load} not found", "give an existing path, or omit it to use the initial weights"))
+    t = cfg.teacher_model
+    if t and t != DEFAULT_MODEL and t.startswith(("/", ".", "~")) and not Path(t).expanduser().exists():
+        out.append(Problem("config", "--teacher-model", f"teacher model {t} not found",
+                           f"give a local Hugging Face model directory, a hub name, or the default {DEFAULT_MODEL}"))
     m = cfg.model
     if m != DEFAULT_MODEL and m.startswith(("/", ".", "~")) and not Path(m).expanduser().exists():
         out.append(Problem("config", "--model", f"model path {m} not found", "give a local Hugging Face model directory, or the default smollm2-135m-instruct"))
@@ -195,7 +199,6 @@ def _run_problems(cfg: RunConfig) -> list[Problem]:
                            f"--max-staleness {cfg.max_staleness}: the engines get new weights only every "
                            f"{cfg.update_weights_interval} steps, so samples are up to {cfg.update_weights_interval - 1} steps stale",
                            f"use --max-staleness {cfg.update_weights_interval - 1} or more, or a smaller --update-weights-interval"))
-    out += [Problem("config", option, msg, fix) for option, msg, fix in reward_mix_problems(cfg)]
     if len(set(cfg.correction)) != len(cfg.correction):
         out.append(Problem("config", "--correction", "a correction is selected twice", "give each --correction once"))
     return out
@@ -261,6 +264,14 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
             sel, specs[f"reward:{name}"] = _select(reg, "reward", name, cfg, problems)
             rewards += [sel] if sel else []
     corrections.sort(key=lambda s: s.caps.order)
+    problems += [Problem("config", option, msg, fix) for option, msg, fix in
+                 reward_mix_problems(cfg, advantage_terms=any(c.caps.advantage_term for c in corrections))]
+    readers = [s for s in [est, *corrections] if s and "teacher_log_probs" in s.caps.requires_fields]
+    if cfg.teacher_model and est and not readers:
+        problems.append(Problem("config", "--teacher-model", f"--teacher-model {cfg.teacher_model} is set, but no "
+                                "selected component reads its log-probs (teacher_log_probs): it would be loaded and "
+                                "run every step for nothing", "add --correction opd (on-policy distillation), or drop "
+                                "--teacher-model"))
     ctx = Context(cfg=cfg, estimator=est, corrections=tuple(corrections), engine=engine, backend=backend,
                   processors=tuple(processors), sampler=sampler, model_is_moe=model_is_moe(cfg.model),
                   environment=env)

@@ -4,6 +4,7 @@ rollout side (:class:`~relax_core.stages.rollout.Rollout`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -18,12 +19,16 @@ class Components:
     backend: Any
     estimator: Any
     corrections: list[Any]
+    """The loss corrections (``apply``), in application order."""
     processors: list[Any]
     score: Callable[[list[str], list[Any], list[dict], list[str]], tuple[list[float | None], dict[str, float]]]
     """``score(responses, labels, metadata, prompts) -> (one reward or None per sample, metrics)``;
     the four lists have one entry per sample (``prompts``: the prompt texts as the engine saw them)."""
     sampler: Any
     """The training data's :class:`~relax_core.sampling.Sampler` (``--sampler``)."""
+    advantage_terms: list[Any] = dataclasses.field(default_factory=list)
+    """The corrections that declare ``advantage_term`` (e.g. ``opd``): each one's
+    ``advantage_term(AdvantageInput)`` is added to the estimator's advantages."""
     needs_critic: bool = False
     processor_resamples: bool = False
     rollout_fields: frozenset[str] = frozenset()

@@ -135,6 +135,7 @@ class Preflight:
 def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
     """Everything ``relax train`` checks before a model loads, changing nothing on disk, and
     what ``--dry-run`` checks too: the model name (:func:`relax_core.models.model_problem`),
+    the teacher's and its tokenizer (:func:`teacher_problems`),
     the data (file, line and column of a fault), the scorer (installed, builds, and a correct
     label scores: :func:`relax_core.host.reward_check.label_check`), the engine's log-probs, the
     run directory (a fresh start into one that holds a run needs ``--force``) and, with
@@ -151,6 +152,8 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
     from relax_core.stages.rewarding import RewardSetupError, resolve_scorers
 
     problems = [p for p in [model_problem(cfg.model)] if p]
+    if cfg.teacher_model:
+        problems += teacher_problems(cfg, bool(problems))
     try:
         train_data, eval_data = run_datasets(cfg, reg)
     except DataError as e:
@@ -193,6 +196,24 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
         if change:
             print(f"relax: --resume-allow-data-change: training data changed ({change})", file=sys.stderr)
     return Preflight(train_data, eval_data, scorers, run_dir, resume_from, warnings, notes)
+
+
+def teacher_problems(cfg: Any, model_failed: bool) -> list[str]:
+    """``--teacher-model``: it can load (:func:`relax_core.models.model_problem`), and its
+    tokenizer is ``--model``'s (:func:`relax_core.models.tokenizer_difference`), compared
+    before any weights load (``model_failed``: ``--model`` itself cannot load, so there is
+    nothing to compare with)."""
+    from relax_core.models import load_tokenizer, model_problem, tokenizer_difference
+
+    problem = model_problem(cfg.teacher_model, flag="--teacher-model")
+    if problem or model_failed:
+        return [problem] if problem else []
+    diff = tokenizer_difference(load_tokenizer(cfg.model), load_tokenizer(cfg.teacher_model))
+    if diff is None:
+        return []
+    return [f"--teacher-model {cfg.teacher_model}: its tokenizer is not --model's ({diff}; student first); the "
+            "teacher scores the student's token ids, so both must share one tokenizer: choose a teacher of the "
+            "student's model family (same vocabulary and chat-template special tokens)"]
 
 
 def prepare_run_dir(cfg: Any, run_dir: Path, fresh: bool) -> None:
@@ -328,7 +349,8 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
     ctx, specs = resolved.context, resolved.specs
     build = lambda key, name: specs[key].build(cfg.params_for(name), cfg)  # noqa: E731
     estimator = build("estimator", cfg.advantage_estimator)
-    corrections = [build(f"correction:{c.name}", c.name) for c in ctx.corrections]
+    corrections = [build(f"correction:{c.name}", c.name) for c in ctx.corrections if not c.caps.advantage_term]
+    advantage_terms = [build(f"correction:{c.name}", c.name) for c in ctx.corrections if c.caps.advantage_term]
     processors = build_processors(cfg, reg)
     sampler = build("sampler", cfg.sampler)(len(train_data), cfg.seed)
     est_caps = ctx.estimator.caps
@@ -348,7 +370,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
         from relax_core.distributed.runtime import start_ray
         from relax_core.models import load_tokenizer
 
-        runtime = start_ray(cfg, config_dict, corrections=[c.name for c in ctx.corrections],
+        runtime = start_ray(cfg, config_dict, corrections=[c.name for c in ctx.corrections if not c.caps.advantage_term],
                             tokenizer=load_tokenizer(cfg.model),
                             setup={"needs_ref": needs_ref, "needs_critic": est_caps.needs_critic,
                                    "needs_top_k": top_k > 0, "routing_replay": routed})
@@ -363,7 +385,8 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
 
     score = RewardWatch(make_score(scorers, cfg), scorers, notify=display.message)
     comps = Components(
-        engine=engine, backend=backend, estimator=estimator, corrections=corrections, processors=processors,
+        engine=engine, backend=backend, estimator=estimator, corrections=corrections,
+        advantage_terms=advantage_terms, processors=processors,
         score=score, sampler=sampler, episodes=build_runner(cfg, reg, engine, score),
         needs_critic=est_caps.needs_critic,
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),

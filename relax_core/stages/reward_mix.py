@@ -57,9 +57,12 @@ def step_metrics(rounds: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return out
 
 
-def problems(cfg: Any) -> list[tuple[str, str, str]]:
+def problems(cfg: Any, advantage_terms: bool = False) -> list[tuple[str, str, str]]:
     """``(option, message, fix)`` for every inconsistency of ``--reward`` and
-    ``--reward-weights`` (checked at startup, :mod:`relax_core.host.validation`)."""
+    ``--reward-weights`` (checked at startup, :mod:`relax_core.host.validation`).  Every
+    weight 0 is refused unless a selected correction adds an ``advantage_term``
+    (``advantage_terms``): that is pure on-policy distillation, the rewards still scored and
+    logged (``rollout/reward/<name>``) but every reward 0 (docs/guide/distillation.md)."""
     out = []
     names, w = tuple(cfg.reward), tuple(cfg.reward_weights)
     if not names:
@@ -75,6 +78,8 @@ def problems(cfg: Any) -> list[tuple[str, str, str]]:
     bad = [x for x in w if not math.isfinite(x)]
     if bad:
         out.append(("--reward-weights", f"non-finite weight(s) {', '.join(map(str, bad))}", "give finite numbers"))
-    elif w and all(x == 0 for x in w):
-        out.append(("--reward-weights", "every weight is 0: every reward would be 0", "give a non-zero weight"))
+    elif w and all(x == 0 for x in w) and not advantage_terms:
+        out.append(("--reward-weights", "every weight is 0: every reward would be 0",
+                    "give a non-zero weight (every weight 0 is pure distillation: add --correction opd "
+                    "--teacher-model PATH)"))
     return out

@@ -363,6 +363,37 @@ def _numerator(caps: Any) -> str | None:
     return sorted(accepted)[0] if accepted else None
 
 
+def _check_advantage_term(corr: Any, checks: Checks) -> None:
+    """A correction that declares ``advantage_term``: on the whole synthetic batch (with
+    ``teacher_log_probs`` beside the log-probs), a finite float32 ``[B, T]`` term, 0 at masked
+    positions, unchanged by NaN/±1e9 there, detached, and finite scalar metrics."""
+    from relax_core.contracts import AdvantageInput, AdvantageTerm
+
+    batch = synthetic_batch(4)
+    mask, shape = batch.loss_mask, tuple(batch.loss_mask.shape)
+    teacher = batch.old_log_probs + 0.2 * torch.randn(shape, generator=torch.Generator().manual_seed(3))
+
+    def run(garbage: bool) -> Any:
+        b = batch.variant(garbage)
+        out = corr.advantage_term(AdvantageInput(
+            rewards=b.rewards, group_index=b.group_index, loss_mask=mask, response_lengths=b.response_lengths,
+            old_log_probs=b.old_log_probs, rollout_log_probs=b.rollout_log_probs, ref_log_probs=b.ref_log_probs,
+            teacher_log_probs=fill_masked(teacher, mask, garbage)))
+        require(isinstance(out, AdvantageTerm), f"returned {type(out).__name__}, expected AdvantageTerm")
+        _tensor(out.term, "term", shape, torch.float32)
+        require(not out.term.requires_grad, "the advantage term requires grad (detach it)")
+        _finite_at(out.term, mask, "term")
+        require(not (out.term[~mask] != 0).any(), "the advantage term is not 0 at masked positions")
+        require(isinstance(out.metrics, dict) and all(isinstance(v, float) and math.isfinite(v)
+                                                      for v in out.metrics.values()),
+                "metrics must be a dict of finite python floats")
+        return out
+
+    with checks.check("advantage_term"):
+        clean, dirty = run(False), run(True)
+        _same(dirty.term, clean.term, None, "advantage term with NaN/1e9 in masked inputs")
+
+
 def check_correction(spec: Any, params: Any, caps: Any, cfg: Any, checks: Checks) -> None:
     kind = _numerator(caps)
     with checks.check("behaviour_numerators"):
@@ -370,9 +401,13 @@ def check_correction(spec: Any, params: Any, caps: Any, cfg: Any, checks: Checks
                 f"behaviour_numerators {sorted(caps.behaviour_numerators)} names values outside {list(BEHAVIOUR_NUMERATORS)}")
         require(kind is not None, "accepts no behaviour numerator: it could never be selected")
     corr = None
+    method = "advantage_term" if caps.advantage_term else "apply"
     with checks.check("build"):
         corr = spec.build(params, cfg)
-        require(callable(getattr(corr, "apply", None)), "the built object has no apply()")
+        require(callable(getattr(corr, method, None)), f"the built object has no {method}()")
+    if corr is not None and caps.advantage_term:
+        _check_advantage_term(corr, checks)
+        return
     if corr is None or kind is None:
         return
     batch = synthetic_batch(4)

@@ -69,3 +69,13 @@ def test_lora_recipe_is_valid_and_trains_adapters():
     assert not problems, "\n".join(map(str, problems))
     assert (cfg.advantage_estimator, cfg.lora_rank, cfg.lora_alpha, cfg.lr) == ("grpo", 16, 32.0, 3e-4)
     assert cfg.use_kl_loss and cfg.params_for("grpo").eps_clip == 0.2
+
+
+def test_opd_recipe_is_valid():
+    if "opd" not in default_registry().names("correction"):
+        pytest.skip("relax-opd not installed")
+    cfg, reg = _cfg("opd")
+    assert cfg.correction == ("opd",) and cfg.teacher_model == "smollm2-135m-instruct"
+    assert cfg.params_for("opd").coef == 1.0
+    _, problems = resolve(cfg, reg)
+    assert not problems, "\n".join(map(str, problems))

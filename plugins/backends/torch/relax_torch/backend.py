@@ -30,6 +30,10 @@ with float32 master weights and a float32 log-softmax.  ``--gradient-checkpointi
 transformers' activation recomputation.  Dropout is disabled in every model (the old,
 rollout and training forwards must be the same function), except ``--lora-dropout``.
 
+Teacher (``--teacher-model``, on-policy distillation): a frozen model built by
+:meth:`TorchBackend.setup` beside the actor, whose :meth:`~TorchBackend.forward` as role
+``teacher`` gives the ``teacher_log_probs`` field, computed exactly as the actor's log-probs.
+
 LoRA (``--lora-rank > 0``, :mod:`relax_torch.lora`): the actor carries peft's adapters and
 AdamW optimises only them; the ``ref`` role is the actor with the adapter disabled (no
 second model); :meth:`TorchBackend.engine_state_dict` gives the merged weights under the
@@ -56,7 +60,7 @@ from relax_torch.logprobs import token_log_probs
 from relax_torch.lora import adapter_state_dict, add_adapter, load_adapter_state_dict_, merged_state_dict
 from relax_torch.shared_prefix import EXACT_ATTENTION, build_layout, group_of, packed_tokens
 
-ROLES = ("actor", "ref", "critic")
+ROLES = ("actor", "ref", "critic", "teacher")
 
 
 def build(params: Any, config: Any) -> "TorchBackend":
@@ -88,7 +92,8 @@ class Critic(nn.Module):
 class TorchBackend:
     """See the module docstring.  Roles: ``actor`` (trained), ``ref`` (frozen, built by
     :meth:`setup`; with LoRA the actor with its adapter disabled), ``critic`` (trained,
-    built by :meth:`setup`; with LoRA, too, all its weights are trained).
+    built by :meth:`setup`; with LoRA, too, all its weights are trained), ``teacher``
+    (frozen, ``--teacher-model``, built by :meth:`setup`; a separate model, LoRA or not).
 
     Attributes:
         tokenizer: the model's tokenizer (pad id, ``save_hf``).
@@ -173,6 +178,11 @@ class TorchBackend:
                 :meth:`accumulate_gradients`.
             routing_replay: replay the batch's ``routed_experts`` in actor and reference
                 forwards (:mod:`relax_routing_replay.routes`).
+
+        With ``--teacher-model`` it also builds the frozen ``teacher`` role (on-policy
+        distillation), a separate model also under LoRA, whose :meth:`forward` gives the
+        ``teacher_log_probs`` field (same temperature, micro-batches and float32 log-softmax
+        as the actor's log-probs).
         """
         self.needs_top_k = needs_top_k
         self.routing_replay = routing_replay
@@ -185,6 +195,10 @@ class TorchBackend:
             ref = self._load(self.cfg.ref_load or self.cfg.model)
             ref.requires_grad_(False)
             self.models["ref"] = ref
+        if self.cfg.teacher_model and "teacher" not in self.models:
+            teacher = self._load(self.cfg.teacher_model)
+            teacher.requires_grad_(False)
+            self.models["teacher"] = teacher
         if needs_critic and "critic" not in self.models:
             load = getattr(critic_settings, "load", None)
             lm = self._load(load or self.cfg.model)
@@ -352,7 +366,7 @@ class TorchBackend:
 
     def forward(self, batch: Batch, *, role: str = "actor", entropy: bool = False,
                 top_k: bool = False) -> ForwardOutput:
-        """No-grad forward of a whole batch (old log-probs, reference log-probs, values).
+        """No-grad forward of a whole batch (old, reference or teacher log-probs, values).
 
         Returns:
             :class:`~relax_core.contracts.ForwardOutput` with ``[B, T]`` float32 tensors

@@ -35,7 +35,7 @@ def relax_register_train_backends():
             supports_data_parallel=True,
             supports_critic=True,
             supports_routing_replay=True,
-            provides_fields=frozenset({"train_top_k_log_probs"}),
+            provides_fields=frozenset({"train_top_k_log_probs", "teacher_log_probs"}),
             supports_token_budget=True,
             supports_gradient_checkpointing=True,
             supports_shared_prefix=True,

@@ -266,7 +266,9 @@ def test_reference_model_is_frozen_initial_weights(tiny_model_dir, tmp_path):
     with pytest.raises(RuntimeError, match="setup"):
         be.forward(batch, role="ref")
     with pytest.raises(ValueError, match="unknown role"):
-        be.forward(batch, role="teacher")
+        be.forward(batch, role="student")
+    with pytest.raises(RuntimeError, match="setup"):
+        be.forward(batch, role="teacher")  # no --teacher-model
     train_step(be, batch, PGLoss(float(batch.loss_mask.sum())))  # the actor moves before setup
     be.setup(needs_ref=True)
     ref = be.forward(batch, role="ref").log_probs
@@ -279,6 +281,24 @@ def test_reference_model_is_frozen_initial_weights(tiny_model_dir, tmp_path):
     be2.setup(needs_ref=True)
     torch.testing.assert_close(be2.forward(batch, role="ref").log_probs,
                                make_backend(other).forward(batch).log_probs, atol=0, rtol=0)
+
+
+def test_teacher_role_is_the_frozen_teacher_model(tiny_model_dir, tmp_path):
+    """--teacher-model: a separate frozen model whose forward equals that model's own actor
+    forward (same temperature, micro-batches, masking), untouched by the actor's steps."""
+    from relax_core.models import make_tiny_model
+
+    teacher_dir = make_tiny_model(tmp_path / "teacher", seed=3)
+    be = make_backend(tiny_model_dir, lr=0.05, teacher_model=str(teacher_dir), micro_batch_size=2)
+    be.setup()
+    batch = make_batch(seed=5)
+    expected = make_backend(teacher_dir, micro_batch_size=2).forward(batch).log_probs
+    torch.testing.assert_close(be.forward(batch, role="teacher").log_probs, expected, atol=0, rtol=0)
+    assert not torch.allclose(be.forward(batch).log_probs, expected)  # not the actor
+    train_step(be, batch, PGLoss(float(batch.loss_mask.sum())))
+    torch.testing.assert_close(be.forward(batch, role="teacher").log_probs, expected, atol=0, rtol=0)
+    assert not any(p.requires_grad for p in be.models["teacher"].parameters())
+    assert set(be.optimizers) == {"actor"}  # the teacher is neither trained nor checkpointed
 
 
 def test_critic_values_and_training(tiny_model_dir, tmp_path):

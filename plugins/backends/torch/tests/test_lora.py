@@ -204,3 +204,22 @@ def test_gradient_checkpointing_gives_the_same_adapter_gradients(tiny_model_dir)
     assert all(bool(g.ne(0).any()) for g in grads[0].values())
     for n, g in grads[0].items():
         torch.testing.assert_close(grads[1][n], g, atol=1e-12, rtol=0)
+
+
+def test_teacher_is_a_separate_model_under_lora(tiny_model_dir, tmp_path):
+    """With LoRA the reference is the actor with its adapter disabled, but the teacher
+    (--teacher-model) is its own frozen model: its log-probs are that model's, whatever the
+    adapter holds."""
+    from relax_core.models import make_tiny_model
+
+    teacher = make_tiny_model(tmp_path / "teacher", seed=4)
+    be = lora_backend(tiny_model_dir, teacher_model=str(teacher))
+    be.setup(needs_ref=True)
+    move_adapter(be)
+    batch = make_batch(seed=2)
+    expected = make_backend(teacher).forward(batch).log_probs
+    torch.testing.assert_close(be.forward(batch, role="teacher").log_probs, expected, atol=0, rtol=0)
+    assert be.models["teacher"] is not be.models["actor"]
+    assert not any("lora_" in n for n, _ in be.models["teacher"].named_parameters())
+    base = make_backend(tiny_model_dir).forward(batch).log_probs
+    torch.testing.assert_close(be.forward(batch, role="ref").log_probs, base, atol=0, rtol=0)

@@ -12,6 +12,7 @@ class CISPOParams(PPOClipParams, GroupAdvantageParams):
 
 CAPABILITIES = EstimatorCapabilities(
     supports_loss_mask_holes=True,  # verified by the contract kit (with_holes)
+    accepts_advantage_terms=True,  # token-local weight × A_t: a per-token advantage term is per-token credit
     supports_context_parallel=True,  # token-local loss
     sync_only=False,
     supports_fully_async=True,  # the clipped IS weight corrects stale samples

@@ -24,6 +24,7 @@ class GRPOParams(DualClipParams, GroupAdvantageParams):
 def _capabilities(p: GRPOParams) -> EstimatorCapabilities:
     return EstimatorCapabilities(
         supports_loss_mask_holes=True,  # verified by the contract kit (with_holes)
+        accepts_advantage_terms=True,  # PPO-clip or REINFORCE per token: a per-token advantage term is per-token credit
         supports_context_parallel=True,
         sync_only=False,
         supports_fully_async=True,

@@ -12,6 +12,9 @@ class GSPOParams(DualClipParams, GroupAdvantageParams):
 
 CAPABILITIES = EstimatorCapabilities(
     supports_loss_mask_holes=True,  # verified by the contract kit (with_holes)
+    # one ratio per sequence: the gradient of each token carries the sequence's mean advantage, so a
+    # per-token term (distillation) would be averaged over the sequence, not credited per token
+    accepts_advantage_terms=False,
     # The ratio of a token depends on its whole sequence's log-ratios: a context-parallel
     # shard cannot compute it alone (not verified with all-reduced sums), so CP is refused.
     supports_context_parallel=False,

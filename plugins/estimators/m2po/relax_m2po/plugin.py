@@ -30,6 +30,7 @@ class M2POParams:
 def _capabilities(p: M2POParams) -> EstimatorCapabilities:
     return EstimatorCapabilities(
         supports_loss_mask_holes=True,  # verified by the contract kit (with_holes)
+        accepts_advantage_terms=True,  # token-level ratio; its harmful-token band reads the final advantages in the loss
         # local: each CP shard would solve its own band; global: the band is solved over
         # all ranks' harmful tokens, the same as one process (tested with 2 gloo ranks).
         supports_context_parallel=p.stat_scope == "global",

@@ -23,6 +23,7 @@ class PPOParams(DualClipParams):
 
 CAPABILITIES = EstimatorCapabilities(
     supports_loss_mask_holes=True,  # verified by the contract kit (with_holes)
+    accepts_advantage_terms=True,  # PPO-clip per token; the term is not in the critic's returns (no bootstrapping: γ = 0 for it, as slime and the Tinker cookbook)
     supports_context_parallel=True,  # GAE runs on whole sequences; both losses are token-local
     sync_only=True,
     supports_fully_async=False,

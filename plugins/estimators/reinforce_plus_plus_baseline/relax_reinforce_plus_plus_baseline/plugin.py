@@ -4,6 +4,7 @@ from relax_core import DualClipParams, EstimatorCapabilities, EstimatorSpec, hoo
 
 CAPABILITIES = EstimatorCapabilities(
     supports_loss_mask_holes=True,  # verified by the contract kit (with_holes)
+    accepts_advantage_terms=True,  # PPO-clip per token; the term is added after its own global whitening
     supports_context_parallel=False,
     sync_only=True,
     supports_fully_async=False,

@@ -14,6 +14,7 @@ METRICS = (
 #: The constraint table of the spec (algorithms-reference, RLOO "约束与参数").
 CAPABILITIES = EstimatorCapabilities(
     supports_loss_mask_holes=True,  # verified by the contract kit (with_holes)
+    accepts_advantage_terms=True,  # REINFORCE per token: a per-token advantage term is per-token credit
     supports_context_parallel=True,  # token-local loss: each token needs only its own log π
     sync_only=True,  # unclipped, no importance ratio: on-policy, one update per rollout
     supports_fully_async=False,

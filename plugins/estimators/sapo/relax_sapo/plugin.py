@@ -15,6 +15,7 @@ class SAPOParams(GroupAdvantageParams):
 
 CAPABILITIES = EstimatorCapabilities(
     supports_loss_mask_holes=True,  # verified by the contract kit (with_holes)
+    accepts_advantage_terms=True,  # soft gate per token: a per-token advantage term is per-token credit
     supports_context_parallel=True,  # token-local loss
     sync_only=False,
     supports_fully_async=True,

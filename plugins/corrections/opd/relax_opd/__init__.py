@@ -1,0 +1,1 @@
+"""On-policy distillation (OPD) plugin for Relax."""
