@@ -52,6 +52,8 @@ SUITE = [
      "3. rollout engines: hf vs vllm on the same batch (the vLLM engineer's benchmark, in .venv-vllm)"),
     ("step_speed", PY, "step_speed.py", ["--model", "default", "--repeats", "3"], ["--smoke"],
      "issue 24: training time per step, each exact lever off vs on (--shared-prefix), SmolLM2-135M"),
+    ("lora", PY, "lora.py", ["--model", "default", "--repeats", "3"], ["--smoke"],
+     "issue 21: LoRA vs full fine-tuning, SmolLM2-135M: step time, peak RSS, checkpoint size, bytes per parameter"),
     ("reward_scoring", PY, "reward_scoring.py", [], ["--n", "16"],
      "reward scoring: worker pool vs serial (the rewards engineer's benchmark)"),
     ("scaling", PY, "scaling.py", ["--steps", "4"], ["--smoke"],
