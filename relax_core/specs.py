@@ -458,6 +458,16 @@ class RewardScorerSpec(ComponentSpec):
     """Whether scoring a label as the response is cheap and local, so that ``relax train``
     (and ``--dry-run``) can check that a correct answer scores before any model loads
     (:mod:`relax_core.host.reward_check`); ``False`` for scorers that call a service."""
+    model_based: bool = False
+    """A learned model gives the score (a reward model, an LLM judge): it can be fooled, so
+    ``relax train`` scores a few known-bad responses with it before training (empty, the
+    prompt echoed, a refusal, the bare label where the prompt asks for reasoning) and warns
+    when they score as high as a correct answer (:func:`relax_core.host.reward_check.bad_response_probe`)."""
+    counts: tuple[str, ...] = ()
+    """Names of the counts the scorer reports (e.g. ``("invalid",)`` for an LLM judge's
+    unparseable verdicts): its function has ``pop_counts() -> dict[str, int]``, called by the
+    reward worker after each call (the counts since the last call), and each count is logged as
+    ``rollout/reward/<name>/<count>``, summed over the step (0 when none)."""
 
 
 @dataclass(frozen=True, kw_only=True)

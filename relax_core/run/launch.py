@@ -234,7 +234,7 @@ def make_score(scorers: list[Any], cfg: Any) -> Any:
                                                    num_workers=cfg.reward_num_workers, prompts=prompts)
             parts.append(rewards)
             for k, v in stats.items():
-                metrics[f"rollout/{k}"] += float(v)
+                metrics[f"rollout/{k}"] = metrics.get(f"rollout/{k}", 0.0) + float(v)
         if len(scorers) > 1:
             metrics.update(reward_mix.part_metrics([s.reward for s in scorers], parts))
         return (parts[0] if weights == (1.0,) else reward_mix.combine(parts, weights)), metrics
