@@ -59,6 +59,8 @@ SUITE = [
     ("async", PY, "async.py", ["--steps", "3", "--repeats", "1", "--out", os.devnull],
      ["--steps", "2", "--repeats", "1", "--out", os.devnull],
      "5b. sync vs fully-async on Ray, Ray start-up (the Ray engineer's benchmark)"),
+    ("judge_agreement", PY, "judge_agreement.py", [], ["--smoke"],
+     "issue 22: SmolLM2-135M as a temperature-0 llm_judge vs the rule scorer on 200 responses"),
     ("learning_race", PY, "learning_race.py",
      ["--seeds", "0", "--steps", "4", "--eval-prompts", "16", "--out", os.devnull], ["--smoke"],
      "issue 23: the learning race vs TRL, short (1 seed, 4 steps, 16 held-out prompts; the full race: "

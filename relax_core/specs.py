@@ -335,6 +335,13 @@ class SamplerCapabilities:
     """Keeps per-prompt statistics keyed by the dataset index (``prompt_index``), so an index
     must name the same prompt for the whole run, resumes included: refused with
     ``--resume-allow-data-change`` (after a data change the indices name other rows)."""
+    row_metadata: str | None = None
+    """A metadata key it reads of every training row (e.g. ``rg_level``, a row's curriculum
+    level): its factory's function is called ``fn(num_rows, seed, values)`` with
+    ``values[i] = rows[i]["metadata"][key]``, and a run whose data lack the key in any row is
+    refused at startup (``relax train`` / ``--dry-run``, exit 2) with ``row_metadata_fix``."""
+    row_metadata_fix: str = ""
+    """Which data provide ``row_metadata`` (the fix named when the data lack it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -514,7 +521,9 @@ class SamplerSpec(ComponentSpec):
 
     The factory returns ``fn(num_rows: int, seed: int) -> Sampler``
     (:class:`relax_core.sampling.Sampler`: ``take``, ``observe``, ``metrics``, ``state``,
-    ``load``), called once per run with the training set's size and ``--seed``.
+    ``load``), called once per run with the training set's size and ``--seed`` (and each
+    row's ``metadata[key]`` as a third argument when its capabilities declare
+    ``row_metadata``).
     """
 
     kind: ClassVar[str] = "sampler"

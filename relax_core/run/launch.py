@@ -173,6 +173,12 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
         label_problems, label_warnings = label_check(scorer, datasets, cfg)
         problems += label_problems
         warnings += label_warnings
+    sampler = resolved.context.sampler
+    key = sampler.caps.row_metadata if sampler else None
+    lacking = sum(key not in (r["metadata"] or {}) for r in train_data.rows) if key else 0
+    if lacking:
+        problems.append(f"--sampler {sampler.name} reads each training row's metadata['{key}'], which {lacking} of "
+                        f"the {len(train_data)} rows of --data {cfg.data} lack; {sampler.caps.row_metadata_fix}")
     if cfg.use_rollout_logprobs and "rollout_log_probs" not in resolved.context.engine.caps.provides_fields:
         problems.append(f"--use-rollout-logprobs needs an engine that returns log-probs; '{cfg.rollout_engine}' does not")
     if problems:
@@ -333,7 +339,9 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
     estimator = build("estimator", cfg.advantage_estimator)
     corrections = [build(f"correction:{c.name}", c.name) for c in ctx.corrections]
     processors = build_processors(cfg, reg)
-    sampler = build("sampler", cfg.sampler)(len(train_data), cfg.seed)
+    key = ctx.sampler.caps.row_metadata
+    sampler = build("sampler", cfg.sampler)(len(train_data), cfg.seed,
+                                            *([[r["metadata"][key] for r in train_data.rows]] if key else []))
     est_caps = ctx.estimator.caps
     corr_caps = [c.caps for c in ctx.corrections]
     rollout_fields = frozenset(f for caps in (est_caps, *corr_caps) for f in caps.requires_fields
