@@ -136,7 +136,8 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
     """Everything ``relax train`` checks before a model loads, changing nothing on disk, and
     what ``--dry-run`` checks too: the model name (:func:`relax_core.models.model_problem`),
     the data (file, line and column of a fault), the scorer (installed, builds, and a correct
-    label scores: :func:`relax_core.host.reward_check.label_check`), the engine's log-probs, the
+    label scores: :func:`relax_core.host.reward_check.label_check`; a model-based scorer's
+    bad-response probe warns: :func:`~relax_core.host.reward_check.bad_response_probe`), the engine's log-probs, the
     run directory (a fresh start into one that holds a run needs ``--force``) and, with
     ``--resume``, the checkpoint's data fingerprint.
 
@@ -144,7 +145,7 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
         BadInput: listing the problems, each with its fix.
     """
     from relax_core.data import DataError, exclude_eval_prompts, fingerprint_change, load_dataset
-    from relax_core.host.reward_check import label_check
+    from relax_core.host.reward_check import bad_response_probe, label_check
     from relax_core.models import model_problem
     from relax_core.run import checkpoint as ckpt
     from relax_core.run.resume import checkpoint_dir, holds_run
@@ -173,6 +174,8 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
         label_problems, label_warnings = label_check(scorer, datasets, cfg)
         problems += label_problems
         warnings += label_warnings
+        if not label_problems:
+            warnings += bad_response_probe(scorer, train_data, cfg)
     sampler = resolved.context.sampler
     key = sampler.caps.row_metadata if sampler else None
     lacking = sum(key not in (r["metadata"] or {}) for r in train_data.rows) if key else 0
