@@ -118,3 +118,18 @@ def test_data_without_levels_is_refused_at_startup_naming_rgc():
 def test_entry_point():
     eps = {ep.name: ep.value for ep in md.entry_points(group="relax.plugins")}
     assert eps.get("curriculum") == "relax_curriculum.plugin"
+
+
+def test_the_loop_draws_the_current_level_and_logs_it_with_an_llm_judge(tmp_path):
+    """Two steps of the real loop: the curriculum gets the rows' levels from --data rgc:, and
+    the llm_judge scores through the reward workers (the tiny random model never writes a
+    verdict word: every sample unscored and counted invalid)."""
+    from relax_core.testing.training import train_tiny
+
+    steps = train_tiny(tmp_path, "--sampler", "curriculum", "--data", "rgc:chain_sum?size=3&levels=2",
+                       "--eval-data", "none", "--reward", "llm_judge", "--llm-judge-model", str(tmp_path / "model"),
+                       "--llm-judge-max-new-tokens", "2", "--reward-timeout", "120", "--reward-num-workers", "1")
+    assert [m["sampler/level"] for m in steps] == [0.0, 0.0]
+    assert [m["rollout/reward/llm_judge/invalid"] for m in steps] == [4.0, 4.0]  # 2 prompts x 2 samples
+    trained = [json.loads(x) for x in (tmp_path / "runs" / "r" / "trained_prompts.jsonl").read_text().splitlines()]
+    assert len(trained) == 2 and all(i < 3 for t in trained for i in t["prompt_index"])  # level 0: rows 0-2
