@@ -135,3 +135,14 @@ def test_an_engine_or_device_it_cannot_use_is_refused_at_startup():
 def test_entry_point():
     eps = {ep.name: ep.value for ep in md.entry_points(group="relax.plugins")}
     assert eps.get("llm_judge") == "relax_llm_judge.plugin"
+
+
+def test_dry_run_exits_2_naming_the_engine_and_device():
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    r = CliRunner().invoke(app, ["train", "--dry-run", "--reward", "llm_judge", "--llm-judge-engine", "sglang",
+                                 "--data", "rg:chain_sum?size=4", "--eval-data", "none"])
+    assert r.exit_code == 2, r.output
+    assert "--llm-judge-engine sglang cannot run on --llm-judge-device cpu (its devices: cuda)" in r.output
