@@ -79,8 +79,8 @@ def relax_register_reward_scorers():
         name="llm_judge",
         summary="A generative judge (through a rollout engine plugin, greedy by default) grades each response "
                 "against its reference; unparseable verdicts are unscored and counted.",
-        source="Zheng et al. 2023, 'Judging LLM-as-a-Judge with MT-Bench and Chatbot Arena', §3 (reference-guided "
-               "grading)",
+        source="Zheng et al. 2023, 'Judging LLM-as-a-Judge with MT-Bench and Chatbot Arena', §3.1 "
+               "(reference-guided grading)",
         factory="relax_llm_judge.scorer:build",
         params=LLMJudgeParams,
         batched=True,

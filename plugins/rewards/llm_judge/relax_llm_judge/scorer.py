@@ -14,8 +14,7 @@ word's score (``yes:1,no:0``).
 A reply with none of the words is **invalid**: the sample is unscored (``None``: NaN
 reward, no learning signal, as for a scorer error) and counted in
 ``rollout/reward/llm_judge/invalid``; it is never scored 0, which would teach the policy
-that the judge's failure is a wrong answer (Zheng et al. 2023 §3 report format failures of
-weaker judges).
+that the judge's failure is a wrong answer.
 """
 
 from __future__ import annotations

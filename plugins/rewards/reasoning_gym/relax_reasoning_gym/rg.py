@@ -16,6 +16,11 @@ generated (its ``score_answer(answer, entry)`` may compare tuples, so it is not 
 A task whose answer is a number declares the prompt suffix " Give only the final number."
 (used unless ``--prompt-suffix`` is given).
 
+Curriculum data: ``rgc:<dataset>[?size=N&seed=S&levels=L]`` (:func:`load_curriculum_rows`)
+generates ``N`` problems at each of the first ``L`` global levels of the dataset's own
+reasoning-gym curriculum; its rows are ``rg:`` rows whose metadata also holds
+``rg_level`` (read by the ``curriculum`` sampler).
+
 Scorer: extracts the model's final answer (the last ``\\boxed{}``, else the last
 ``<answer>...</answer>``, else, when the expected answer is a number, the last number in the
 response, otherwise its last non-empty line: small models ramble and rarely box), then

@@ -31,8 +31,9 @@ def relax_register_samplers():
         name="curriculum",
         summary="Drives a reasoning-gym curriculum (--data rgc:<dataset>): prompts of the current level, one level up "
                 "when the recent accuracy passes a threshold; logs the level.",
-        source="reasoning-gym's curricula (Stojanovski et al. 2025, 'Reasoning Gym', §4 curriculum RL); "
-               "Bengio et al. 2009, 'Curriculum learning'",
+        source="reasoning-gym's curricula (Stojanovski et al. 2025, 'Reasoning Gym: Reasoning Environments for "
+               "Reinforcement Learning with Verifiable Rewards', arXiv 2505.24760); Bengio et al. 2009, "
+               "'Curriculum learning'",
         factory="relax_curriculum.sampler:build",
         params=CurriculumParams,
         capabilities=SamplerCapabilities(

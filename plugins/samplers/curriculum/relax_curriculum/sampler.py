@@ -15,8 +15,7 @@ accuracy ``a`` of the last ``W`` decides:
     a ≥ threshold          → the next level (if any); the outcomes are cleared
     a < demote_below       → the previous level (if any); the outcomes are cleared
 
-(reasoning-gym's own curriculum loop moves on the same rule: ``increment_global_level``
-when the recent accuracy passes a threshold).  Metrics per step: ``sampler/level`` (the
+(the levels are reasoning-gym's global levels, ``set_global_level``).  Metrics per step: ``sampler/level`` (the
 current level), ``sampler/curriculum/accuracy`` (of the outcomes kept; 0 when none) and
 ``sampler/curriculum/moves`` (level changes so far).  The state (draw count, level, the
 outcomes kept, moves) is JSON, so a resumed run draws what the uninterrupted one would.
