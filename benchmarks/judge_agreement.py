@@ -10,7 +10,8 @@ table is the confusion of the two (judge yes / no / invalid against rule 1 / 0),
 agreement on the responses with a valid verdict, and Cohen's kappa (agreement beyond
 chance, Cohen 1960).
 
-Run:  .venv/bin/python benchmarks/judge_agreement.py [--n 200] [--smoke]
+Run:  .venv/bin/python benchmarks/judge_agreement.py [--n 200] [--judge-model DIR] [--smoke]
+Results of one run are kept in benchmarks/results/judge_agreement-20261202.txt.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200, help="responses (prompts x --samples)")
     ap.add_argument("--samples", type=int, default=2, help="responses per prompt")
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--judge-model", default=None, help="the judge (--llm-judge-model; default: the default model)")
     ap.add_argument("--smoke", action="store_true", help="8 responses of 24 tokens (checks the script runs)")
     a = ap.parse_args()
     if a.smoke:
@@ -65,7 +67,7 @@ def main() -> None:
     metas = [{**rows[i]["metadata"], "prompt": texts[i]} for i in rep]
     rule = reg.get("reward", "reasoning_gym").spec.build(None, cfg)
     rule_scores = [rule(r, lab, m) for r, lab, m in zip(responses, labels, metas)]
-    judge = LLMJudge(LLMJudgeParams(), cfg)
+    judge = LLMJudge(LLMJudgeParams(model=a.judge_model), cfg)
     t0 = time.perf_counter()
     judged = judge(responses, labels, metas)
     t_judge = time.perf_counter() - t0
@@ -77,7 +79,7 @@ def main() -> None:
             confusion[key] = confusion.get(key, 0) + 1
     valid = sum(confusion.values())
     agree = confusion.get((1, 1), 0) + confusion.get((0, 0), 0)
-    print(f"# llm_judge ({cfg.model}, greedy, default template) vs the reasoning_gym rule on {len(responses)} "
+    print(f"# llm_judge ({a.judge_model or cfg.model}, greedy, default template) vs the reasoning_gym rule on {len(responses)} "
           f"responses of {cfg.model} to {len(rows)} prompts of {cfg.data}; {os.cpu_count()} CPUs")
     print(f"# generation {t_gen:.1f} s, judging {t_judge:.1f} s (one generate call)")
     print(f"{'':12} {'judge yes':>9} {'judge no':>9} {'invalid':>8}")
