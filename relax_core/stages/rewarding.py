@@ -60,6 +60,7 @@ This module imports nothing heavy at import time (torch only inside
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import logging
 import math
@@ -312,7 +313,8 @@ def _worker_main(conn: Any, payload: bytes) -> None:
             value = (_batch_rewards(fn(response, label, metadata), len(i)) if isinstance(i, tuple)
                      else _as_reward(fn(response, label, metadata)))
         except Exception as e:  # noqa: BLE001
-            _pop_counts(fn)
+            with contextlib.suppress(Exception):  # the failed call's counts are dropped (its samples are errors)
+                _pop_counts(fn)
             conn.send(("error", i, f"{type(e).__name__}: {e}"))
             continue
         try:
