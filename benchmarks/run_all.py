@@ -61,6 +61,9 @@ SUITE = [
     ("async", PY, "async.py", ["--steps", "3", "--repeats", "1", "--out", os.devnull],
      ["--steps", "2", "--repeats", "1", "--out", os.devnull],
      "5b. sync vs fully-async on Ray, Ray start-up (the Ray engineer's benchmark)"),
+    ("judge_agreement", PY, "judge_agreement.py", ["--n", "64"], ["--smoke"],
+     "issue 22: SmolLM2-135M as a temperature-0 llm_judge vs the rule scorer, 64 responses (the 200-response "
+     "figure: benchmarks/results/judge_agreement-20261202.txt)"),
     ("learning_race", PY, "learning_race.py",
      ["--seeds", "0", "--steps", "4", "--eval-prompts", "16", "--out", os.devnull], ["--smoke"],
      "issue 23: the learning race vs TRL, short (1 seed, 4 steps, 16 held-out prompts; the full race: "

@@ -347,6 +347,13 @@ class SamplerCapabilities:
     """Keeps per-prompt statistics keyed by the dataset index (``prompt_index``), so an index
     must name the same prompt for the whole run, resumes included: refused with
     ``--resume-allow-data-change`` (after a data change the indices name other rows)."""
+    row_metadata: str | None = None
+    """A metadata key it reads of every training row (e.g. ``rg_level``, a row's curriculum
+    level): its factory's function is called ``fn(num_rows, seed, values)`` with
+    ``values[i] = rows[i]["metadata"][key]``, and a run whose data lack the key in any row is
+    refused at startup (``relax train`` / ``--dry-run``, exit 2) with ``row_metadata_fix``."""
+    row_metadata_fix: str = ""
+    """Which data provide ``row_metadata`` (the fix named when the data lack it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -470,6 +477,16 @@ class RewardScorerSpec(ComponentSpec):
     """Whether scoring a label as the response is cheap and local, so that ``relax train``
     (and ``--dry-run``) can check that a correct answer scores before any model loads
     (:mod:`relax_core.host.reward_check`); ``False`` for scorers that call a service."""
+    model_based: bool = False
+    """A learned model gives the score (a reward model, an LLM judge): it can be fooled, so
+    ``relax train`` scores a few known-bad responses with it before training (empty, the
+    prompt echoed, a refusal, the bare label where the prompt asks for reasoning) and warns
+    when they score as high as a correct answer (:func:`relax_core.host.reward_check.bad_response_probe`)."""
+    counts: tuple[str, ...] = ()
+    """Names of the counts the scorer reports (e.g. ``("invalid",)`` for an LLM judge's
+    unparseable verdicts): its function has ``pop_counts() -> dict[str, int]``, called by the
+    reward worker after each call (the counts since the last call), and each count is logged as
+    ``rollout/reward/<name>/<count>``, summed over the step (0 when none)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -516,7 +533,9 @@ class SamplerSpec(ComponentSpec):
 
     The factory returns ``fn(num_rows: int, seed: int) -> Sampler``
     (:class:`relax_core.sampling.Sampler`: ``take``, ``observe``, ``metrics``, ``state``,
-    ``load``), called once per run with the training set's size and ``--seed``.
+    ``load``), called once per run with the training set's size and ``--seed`` (and each
+    row's ``metadata[key]`` as a third argument when its capabilities declare
+    ``row_metadata``).
     """
 
     kind: ClassVar[str] = "sampler"

@@ -416,6 +416,8 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(S, "needs_stable_prompt_ids", "stable ids", "Keeps per-prompt statistics by dataset index, so an index must name one prompt for the whole run (every data source gives stable indices: the rows are loaded once and fingerprinted; a resume onto changed data does not).",
                lambda ctx, c: "keeps per-prompt statistics by dataset index, but --resume-allow-data-change may continue on other rows, whose indices name other prompts" if c.needs_stable_prompt_ids and ctx.cfg.resume and ctx.cfg.resume_allow_data_change else None,
                "resume with the same --data (drop --resume-allow-data-change), or start a fresh run on the new data"),
+    Capability(S, "row_metadata", "row metadata", "A metadata key it reads of every training row (e.g. `rg_level`, the curriculum level the `rgc:` source writes); data lacking it in any row are refused once the data are loaded (`relax train`, `--dry-run`)."),
+    Capability(S, "row_metadata_fix", "row metadata fix", "Which data provide `row_metadata` (named in the refusal).", matrix=False),
     # ---------------------------------------------------------------- environments
     Capability(V, "multi_turn", "multi-turn", "Episodes of several model turns: the engine must continue from tokens and the estimator accept mask holes (rows above)."),
     Capability(V, "tool_format", "tools", "The tool-call format it parses (— = no tools)."),

@@ -15,6 +15,11 @@ the label key points at the wrong field, ...) trains on nothing but looks like a
   unscored), naming the scorer and showing one response, its label and the answer the
   scorer extracted, with what to try.
 
+- :func:`bad_response_probe`, before training: a model-based scorer (``RewardScorerSpec.model_based``:
+  a reward model, an LLM judge) scores known-bad responses (empty, the prompt echoed, a
+  refusal, the bare label where the prompt asks for reasoning); a warning lists those that
+  score as high as a correct answer.
+
 A scorer function may expose ``extract_answer(response, label, metadata) -> str | None``
 (the answer text it compares with the label); the warning shows it.  Scorers whose spec sets
 ``self_check=False`` (calls to a remote service) are not scored on labels.
@@ -22,6 +27,7 @@ A scorer function may expose ``extract_answer(response, label, metadata) -> str 
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Sequence
 
 #: Rows of each dataset whose labels :func:`label_check` scores.
@@ -111,6 +117,75 @@ def label_check(scorer: Any, datasets: Sequence[tuple[str, Any]], cfg: Any) -> t
                 warnings.append(f"{where}: rewards '\\boxed{{{label}}}' but not the bare answer '{label}', and the "
                                 f"prompts do not ask for a box: a model that answers in words scores 0; {what_to_try(name)}")
     return problems, warnings
+
+
+#: Rows of the training data whose prompts :func:`bad_response_probe` uses.
+PROBE_ROWS = 4
+#: The known-bad responses of the probe: name -> response, from the row's prompt and label.
+BAD_RESPONSES: dict[str, Callable[[str, Any], str]] = {
+    "empty": lambda prompt, label: "",
+    "prompt echoed": lambda prompt, label: prompt,
+    "refusal": lambda prompt, label: "I'm sorry, but I can't help with that request.",
+    "bare label": lambda prompt, label: str(label).strip(),
+}
+_REASONING = re.compile(r"step[- ]by[- ]step|show (your|the|all) (work|steps|reasoning)|explain|justify|reason",
+                        re.IGNORECASE)
+
+
+def _needs_reasoning(prompt: str, cfg: Any) -> bool:
+    """The prompt (or the system prompt) asks for reasoning, so the bare label is a bad answer."""
+    return bool(_REASONING.search((getattr(cfg, "system_prompt", None) or "") + "\n" + prompt))
+
+
+def bad_response_probe(scorer: Any, train_data: Any, cfg: Any) -> list[str]:
+    """Score known-bad responses with the run's model-based scorers and warn when they score
+    as high as a correct answer.
+
+    For the first :data:`PROBE_ROWS` training rows whose scorer's spec is ``model_based``
+    (a reward model, an LLM judge), the scorer scores a correct answer (``"The answer is
+    <label>."``) and the :data:`BAD_RESPONSES`: empty, the prompt echoed, a refusal, and the
+    bare label when the prompt asks for reasoning; through the reward workers like every
+    score (:func:`relax_core.stages.rewarding.score_batch`, ``--reward-timeout``).  A bad
+    response is flagged on a row when it scores at least as much as the correct answer
+    there.  Never refuses the run: a learned score may be right to like a bare label.
+
+    Returns:
+        Warning lines (empty when nothing is flagged or no scorer is model-based).
+    """
+    from relax_core.stages.rewarding import score_batch
+
+    by_name: dict[str, list[dict]] = {}
+    for row in train_data.rows:
+        name = scorer.name_for(row["metadata"])
+        if not getattr(scorer.specs.get(name), "model_based", False):
+            continue
+        rows = by_name.setdefault(name, [])
+        if len(rows) < PROBE_ROWS:
+            rows.append(row)
+    warnings = []
+    for name, rows in by_name.items():
+        cases = [(j, kind, make(row["prompt"], row["label"])) for j, row in enumerate(rows)
+                 for kind, make in (("correct", lambda p, lab: f"The answer is {str(lab).strip()}."),
+                                    *BAD_RESPONSES.items())
+                 if kind != "bare label" or _needs_reasoning(row["prompt"], cfg)]
+        got, stats = score_batch(scorer, [c[2] for c in cases], [rows[c[0]]["label"] for c in cases],
+                                 [rows[c[0]]["metadata"] for c in cases], timeout=cfg.reward_timeout,
+                                 num_workers=cfg.reward_num_workers, prompts=[rows[c[0]]["prompt"] for c in cases])
+        reference = {j: r for (j, kind, _), r in zip(cases, got) if kind == "correct"}
+        flagged: dict[str, int] = {}
+        for (j, kind, _), r in zip(cases, got):
+            if kind != "correct" and r is not None and reference.get(j) is not None and r >= reference[j]:
+                flagged[kind] = flagged.get(kind, 0) + 1
+        if stats["reward_errors"] or stats["reward_timeouts"]:
+            warnings.append(f"reward scorer '{name}': {stats['reward_errors']} error(s) and {stats['reward_timeouts']} "
+                            f"timeout(s) (--reward-timeout {cfg.reward_timeout} s) scoring the bad-response probe")
+        if flagged:
+            which = ", ".join(f"{kind} ({n} of {len(reference)} prompts)" for kind, n in flagged.items())
+            warnings.append(f"model-based reward scorer '{name}' scores known-bad responses as high as a correct "
+                            f"answer ('The answer is <label>.'): {which}; the policy can learn to game it: check "
+                            f"the model, or combine it with a rule scorer (e.g. --reward math --reward {name} "
+                            "--reward-weights 1,0.5)")
+    return warnings
 
 
 def extracted(fn: Any, response: str, label: Any, metadata: dict) -> str:

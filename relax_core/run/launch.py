@@ -137,7 +137,8 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
     what ``--dry-run`` checks too: the model name (:func:`relax_core.models.model_problem`),
     the teacher's and its tokenizer (:func:`teacher_problems`),
     the data (file, line and column of a fault), the scorer (installed, builds, and a correct
-    label scores: :func:`relax_core.host.reward_check.label_check`), the engine's log-probs, the
+    label scores: :func:`relax_core.host.reward_check.label_check`; a model-based scorer's
+    bad-response probe warns: :func:`~relax_core.host.reward_check.bad_response_probe`), the engine's log-probs, the
     run directory (a fresh start into one that holds a run needs ``--force``) and, with
     ``--resume``, the checkpoint's data fingerprint.
 
@@ -145,7 +146,7 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
         BadInput: listing the problems, each with its fix.
     """
     from relax_core.data import DataError, fingerprint_change, run_datasets
-    from relax_core.host.reward_check import label_check
+    from relax_core.host.reward_check import bad_response_probe, label_check
     from relax_core.models import model_problem
     from relax_core.run import checkpoint as ckpt
     from relax_core.run.resume import checkpoint_dir, holds_run
@@ -173,6 +174,14 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
         label_problems, label_warnings = label_check(scorer, datasets, cfg)
         problems += label_problems
         warnings += label_warnings
+        if not label_problems:
+            warnings += bad_response_probe(scorer, train_data, cfg)
+    sampler = resolved.context.sampler
+    key = sampler.caps.row_metadata if sampler else None
+    lacking = sum(key not in (r["metadata"] or {}) for r in train_data.rows) if key else 0
+    if lacking:
+        problems.append(f"--sampler {sampler.name} reads each training row's metadata['{key}'], which {lacking} of "
+                        f"the {len(train_data)} rows of --data {cfg.data} lack; {sampler.caps.row_metadata_fix}")
     if cfg.use_rollout_logprobs and "rollout_log_probs" not in resolved.context.engine.caps.provides_fields:
         problems.append(f"--use-rollout-logprobs needs an engine that returns log-probs; '{cfg.rollout_engine}' does not")
     if problems:
@@ -252,7 +261,7 @@ def make_score(scorers: list[Any], cfg: Any) -> Any:
                                                    num_workers=cfg.reward_num_workers, prompts=prompts)
             parts.append(rewards)
             for k, v in stats.items():
-                metrics[f"rollout/{k}"] += float(v)
+                metrics[f"rollout/{k}"] = metrics.get(f"rollout/{k}", 0.0) + float(v)
         if len(scorers) > 1:
             metrics.update(reward_mix.part_metrics([s.reward for s in scorers], parts))
         return (parts[0] if weights == (1.0,) else reward_mix.combine(parts, weights)), metrics
@@ -352,7 +361,9 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
     corrections = [build(f"correction:{c.name}", c.name) for c in ctx.corrections if not c.caps.advantage_term]
     advantage_terms = [build(f"correction:{c.name}", c.name) for c in ctx.corrections if c.caps.advantage_term]
     processors = build_processors(cfg, reg)
-    sampler = build("sampler", cfg.sampler)(len(train_data), cfg.seed)
+    key = ctx.sampler.caps.row_metadata
+    sampler = build("sampler", cfg.sampler)(len(train_data), cfg.seed,
+                                            *([[r["metadata"][key] for r in train_data.rows]] if key else []))
     est_caps = ctx.estimator.caps
     corr_caps = [c.caps for c in ctx.corrections]
     rollout_fields = frozenset(f for caps in (est_caps, *corr_caps) for f in caps.requires_fields

@@ -21,6 +21,13 @@ from typing import Any, Mapping, Sequence
 COUNTS = ("rollout/reward_errors", "rollout/reward_timeouts")
 
 
+def is_count(key: str) -> bool:
+    """Whether a score metric is a count: :data:`COUNTS`, or a scorer's own count
+    ``rollout/reward/<name>/<count>`` (``RewardScorerSpec.counts``; the per-part means are
+    ``rollout/reward/<name>``)."""
+    return key in COUNTS or (key.startswith("rollout/reward/") and key.count("/") == 3)
+
+
 def weights(cfg: Any) -> tuple[float, ...]:
     """``--reward-weights``, or 1 for each ``--reward``."""
     return tuple(cfg.reward_weights) or (1.0,) * len(cfg.reward)
@@ -47,12 +54,12 @@ def part_metrics(names: Sequence[str], parts: Sequence[Sequence[float | None]]) 
 
 def step_metrics(rounds: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """The score metrics of a step from those of its sampling rounds: counts
-    (:data:`COUNTS`) summed, the per-part means averaged over the rounds (which are of
+    (:func:`is_count`) summed, the per-part means averaged over the rounds (which are of
     equal size: :func:`relax_core.stages.rewarding.mean_over_rounds`)."""
     from relax_core.stages.rewarding import mean_over_rounds
 
-    out = mean_over_rounds([{k: v for k, v in r.items() if k not in COUNTS} for r in rounds])
-    for k in COUNTS:
+    out = mean_over_rounds([{k: v for k, v in r.items() if not is_count(k)} for r in rounds])
+    for k in dict.fromkeys([*COUNTS, *(k for r in rounds for k in r if is_count(k))]):
         out[k] = sum(r.get(k, 0.0) for r in rounds)
     return out
 

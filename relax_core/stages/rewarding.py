@@ -60,6 +60,7 @@ This module imports nothing heavy at import time (torch only inside
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import logging
 import math
@@ -272,9 +273,10 @@ def _worker_main(conn: Any, payload: bytes) -> None:
     Messages in: ``(i, response, label, metadata)`` or ``None`` (stop); for a batched
     scorer ``i`` is a tuple of sample indices and the others are lists (one call).
     Messages out: ``("ready",)`` / ``("fatal", text)`` once, then per task
-    ``("start", i)`` (the timed call begins) and ``("done", i, reward)`` or
+    ``("start", i)`` (the timed call begins) and ``("done", i, reward, counts)`` or
     ``("error", i, text)``; a batch's reward is a list of ``(reward, None)`` or
-    ``(None, error text)`` pairs, one per sample.
+    ``(None, error text)`` pairs, one per sample; ``counts`` the scorer's own counts of the
+    call (``RewardScorerSpec.counts``, ``{}`` for most scorers).
 
     A terminal's Ctrl-C sends SIGINT to the whole foreground process group, workers
     included: a worker ignores it (the parent finishes the step with every sample scored,
@@ -308,10 +310,26 @@ def _worker_main(conn: Any, payload: bytes) -> None:
             continue
         conn.send(("start", i))
         try:
-            conn.send(("done", i, _batch_rewards(fn(response, label, metadata), len(i)) if isinstance(i, tuple)
-                       else _as_reward(fn(response, label, metadata))))
+            value = (_batch_rewards(fn(response, label, metadata), len(i)) if isinstance(i, tuple)
+                     else _as_reward(fn(response, label, metadata)))
         except Exception as e:  # noqa: BLE001
+            with contextlib.suppress(Exception):  # the failed call's counts are dropped (its samples are errors)
+                _pop_counts(fn)
             conn.send(("error", i, f"{type(e).__name__}: {e}"))
+            continue
+        try:
+            counts = _pop_counts(fn)
+        except Exception as e:  # noqa: BLE001
+            conn.send(("error", i, f"pop_counts failed: {type(e).__name__}: {e}"))
+            continue
+        conn.send(("done", i, value, counts))
+
+
+def _pop_counts(fn: Any) -> dict[str, int]:
+    """The counts a scorer function reports since its last call (``RewardScorerSpec.counts``:
+    its ``pop_counts()``), as ``{name: int}``; ``{}`` when it has none."""
+    pop = getattr(fn, "pop_counts", None)
+    return {str(k): int(v) for k, v in pop().items()} if callable(pop) else {}
 
 
 def _main_thread() -> bool:
@@ -391,6 +409,18 @@ class ScoringPool:
                 out.append(i)
         return [tuple(b) for b in batches.values()] + out
 
+    def _name_of(self, task: int | tuple[int, ...], metadata: Sequence[dict | None]) -> str:
+        """The scorer name of a task (a batched task's samples share one)."""
+        first = task[0] if isinstance(task, tuple) else task
+        return self._scorer.name_for(metadata[first]) if isinstance(self._scorer, Scorer) else "custom"
+
+    def _declared_counts(self, metadata: Sequence[dict | None]) -> dict[str, int]:
+        """``reward/<name>/<count>: 0`` for the counts declared by the scorers these samples use."""
+        if not isinstance(self._scorer, Scorer):
+            return {}
+        names = dict.fromkeys(self._scorer.name_for(m) for m in metadata)
+        return {f"reward/{n}/{c}": 0 for n in names for c in getattr(self._scorer.specs.get(n), "counts", ())}
+
     def score(self, responses: Sequence[str], labels: Sequence[Any], metadata: Sequence[dict | None],
               timeout: float) -> tuple[list[float | None], dict[str, int]]:
         """Score every sample (see :func:`score_batch`)."""
@@ -398,7 +428,7 @@ class ScoringPool:
         if not (len(labels) == n and len(metadata) == n):
             raise ValueError(f"responses, labels and metadata differ in length: {n}, {len(labels)}, {len(metadata)}")
         rewards: list[float | None] = [None] * n
-        stats = {"reward_errors": 0, "reward_timeouts": 0}
+        stats = {"reward_errors": 0, "reward_timeouts": 0, **self._declared_counts(metadata)}
         first_error: list[str] = []
 
         def fail(task: int | tuple[int, ...], kind: str, text: str) -> None:
@@ -457,7 +487,10 @@ class ScoringPool:
                     elif msg[0] == "start":
                         w.started, w.deadline = True, time.monotonic() + timeout
                     else:
-                        kind, i, value = msg
+                        kind, i, value, *counts = msg
+                        for c, v in (counts[0] if counts else {}).items():
+                            key = f"reward/{self._name_of(i, metadata)}/{c}"
+                            stats[key] = stats.get(key, 0) + v
                         if kind == "done" and isinstance(i, tuple):
                             for j, (r, err) in zip(i, value):
                                 rewards[j] = r
@@ -551,7 +584,8 @@ def score_batch(scorer: Any, responses: Sequence[str], labels: Sequence[Any],
 
     Returns:
         ``(rewards, stats)``: ``rewards`` a list of ``B`` floats or ``None`` (unscored), in
-        input order; ``stats`` ``{"reward_errors": n, "reward_timeouts": n}``.
+        input order; ``stats`` ``{"reward_errors": n, "reward_timeouts": n}`` and, for a scorer
+        that declares counts (``RewardScorerSpec.counts``), ``"reward/<name>/<count>": n``.
 
     Raises:
         RewardSetupError: a sample names a scorer that is not installed, the scorer cannot

@@ -42,8 +42,10 @@ def check_sampler(spec: Any, params: Any, config: Any, checks: Checks) -> None:
     sampler that wrote it; metrics are finite floats named ``sampler/...``."""
     make = None
     with checks.check("factory builds fn(num_rows, seed)"):
-        make = spec.build(params, config)
-        require(callable(make), f"the factory returned {type(make).__name__}, expected fn(num_rows, seed) -> Sampler")
+        built = spec.build(params, config)
+        require(callable(built), f"the factory returned {type(built).__name__}, expected fn(num_rows, seed) -> Sampler")
+        extra = ([[i * 3 // ROWS for i in range(ROWS)]] if spec.capabilities_for(params).row_metadata else [])
+        make = lambda n, seed: built(n, seed, *extra)  # noqa: E731
     if make is None:
         return
     with checks.check("take"):

@@ -102,3 +102,13 @@ def batch_sleep(responses, labels, metadata):
 
 def build_batch_sleep(params, config):
     return batch_sleep
+
+
+def gullible_factory(params, config):
+    """A model-based scorer fooled by everything: 1 for any response."""
+    return lambda response, label, metadata: 1.0
+
+
+def discerning_factory(params, config):
+    """A model-based scorer that rewards only 'The answer is <label>.'-like responses."""
+    return lambda response, label, metadata: float(f"answer is {label}" in response)

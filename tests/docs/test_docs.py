@@ -21,7 +21,9 @@ GENERATED = ("components", "reference")
 #: plugin's of the plugin guide.
 OTHER_FLAGS = {"--no-deps", "--target", "--head", "--address", "--port", "--num-gpus", "--myalgo-beta",
                # bubblewrap's, in the python tool's threat model (guide/environments.md)
-               "--clearenv", "--disable-userns", "--new-session", "--die-with-parent"}
+               "--clearenv", "--disable-userns", "--new-session", "--die-with-parent",
+               # benchmarks/judge_agreement.py's (guide/rewards.md)
+               "--judge-model"}
 #: Files the docs link to that other issues commit: the Ray guide (issue 8), the default
 #: run's figure (issue 7).  See test_site_builds_strict.
 PENDING = ("guide/ray.md", "images/default-run.png")

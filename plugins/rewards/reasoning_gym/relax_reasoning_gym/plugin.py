@@ -23,4 +23,11 @@ def relax_register_data_sources():
         summary="rg:<dataset>[?size=N&seed=S&<config keys>]: reasoning-gym problems generated offline.",
         source=_SOURCE,
         factory="relax_reasoning_gym.rg:build_source",
+    ), DataSourceSpec(
+        name="rgc",
+        scheme="rgc",
+        summary="rgc:<dataset>[?size=N&seed=S&levels=L]: N reasoning-gym problems at each level of the dataset's "
+                "curriculum (metadata rg_level; for --sampler curriculum).",
+        source=_SOURCE + "; its curricula (reasoning_gym.coaching)",
+        factory="relax_reasoning_gym.rg:build_curriculum_source",
     )]

@@ -16,6 +16,11 @@ generated (its ``score_answer(answer, entry)`` may compare tuples, so it is not 
 A task whose answer is a number declares the prompt suffix " Give only the final number."
 (used unless ``--prompt-suffix`` is given).
 
+Curriculum data: ``rgc:<dataset>[?size=N&seed=S&levels=L]`` (:func:`load_curriculum_rows`)
+generates ``N`` problems at each of the first ``L`` global levels of the dataset's own
+reasoning-gym curriculum; its rows are ``rg:`` rows whose metadata also holds
+``rg_level`` (read by the ``curriculum`` sampler).
+
 Scorer: extracts the model's final answer (the last ``\\boxed{}``, else the last
 ``<answer>...</answer>``, else, when the expected answer is a number, the last number in the
 response, otherwise its last non-empty line: small models ramble and rarely box), then
@@ -131,6 +136,60 @@ def load_rows(spec: str, config: Any = None) -> list[dict]:
 
 def build_source(params: Any, config: Any):
     return load_rows
+
+
+def load_curriculum_rows(spec: str, config: Any = None) -> list[dict]:
+    """Rows of ``rgc:<dataset>[?size=N&seed=S&levels=L]``: ``N`` problems (default 100) at
+    each of the first ``L`` global levels (default: all) of the dataset's reasoning-gym
+    curriculum, level-major.  Level ``l``'s problems come from the dataset config of
+    ``curriculum.set_global_level(l)`` (reasoning-gym's own: every attribute at level
+    ``min(l, its last)``, ranges inclusive of the lower levels), with seed ``S + l``.  Each
+    row is an ``rg:`` row whose metadata also holds ``rg_level: l`` (what the ``curriculum``
+    sampler reads).
+
+    Raises:
+        ValueError: unknown dataset, a dataset without a curriculum, a key other than size,
+            seed and levels, or a bad value.
+    """
+    import reasoning_gym
+    from reasoning_gym.factory import create_curriculum, has_curriculum
+
+    name, _, query = spec.partition("?")
+    if name not in _datasets():
+        parse_spec(name, 0)  # raises with the closest names
+    if not has_curriculum(name):
+        raise ValueError(f"reasoning-gym dataset '{name}' has no curriculum; use rg:{name} (fixed difficulty) or a "
+                         "dataset with one (reasoning_gym.factory.CURRICULA)")
+    opts = {"size": 100, "seed": getattr(config, "seed", 0) if config is not None else 0, "levels": None}
+    for part in filter(None, query.split("&")):
+        key, eq, raw = part.partition("=")
+        if key not in opts or not eq:
+            raise ValueError(f"rgc:{name}: '{part}': the keys are size=N, seed=S and levels=L")
+        try:
+            opts[key] = int(raw)
+        except ValueError:
+            raise ValueError(f"rgc:{name}: {key}={raw}: expected an integer") from None
+    curriculum = create_curriculum(name)
+    top = max(len(a.levels) for a in curriculum.attributes.values())
+    levels = top if opts["levels"] is None else opts["levels"]
+    if not 1 <= levels <= top or opts["size"] < 1:
+        raise ValueError(f"rgc:{name}: levels must be in [1, {top}] (its curriculum has {top}) and size >= 1")
+    rows = []
+    for level in range(levels):
+        curriculum.set_global_level(level)
+        cfg = curriculum.generate_configuration({"seed": opts["seed"] + level, "size": opts["size"]})
+        for entry in reasoning_gym.create_dataset(name, **{f.name: getattr(cfg, f.name)
+                                                           for f in dataclasses.fields(cfg)}):
+            numeric = parse_number(str(entry["answer"])) is not None
+            rows.append({"prompt": entry["question"], "label": entry["answer"],
+                         "prompt_suffix": NUMBER_SUFFIX if numeric else "",
+                         "metadata": {"scorer": "reasoning_gym", "rg_dataset": name, "rg_entry": entry,
+                                      "rg_level": level}})
+    return rows
+
+
+def build_curriculum_source(params: Any, config: Any):
+    return load_curriculum_rows
 
 
 # --------------------------------------------------------------------------- scorer

@@ -112,8 +112,9 @@ def test_sample_without_rg_metadata_is_unscored():
 
 def test_registration():
     (scorer,) = relax_register_reward_scorers()
-    (source,) = relax_register_data_sources()
-    assert scorer.name == "reasoning_gym" and source.scheme == "rg"
+    source, curriculum = relax_register_data_sources()
+    assert scorer.name == "reasoning_gym" and source.scheme == "rg" and curriculum.scheme == "rgc"
+    assert curriculum.build(None, _Cfg())("chain_sum?size=2&levels=2", _Cfg())[-1]["metadata"]["rg_level"] == 1
     reader = source.build(None, _Cfg())
     rows = reader("chain_sum?size=3", _Cfg())
     fn = scorer.build(None, None)

@@ -39,4 +39,5 @@ def relax_register_reward_scorers():
         params=RewardModelParams,
         batched=True,
         self_check=False,  # a learned score has no 'correct label' to check
+        model_based=True,
     )]

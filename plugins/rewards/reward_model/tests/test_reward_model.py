@@ -106,3 +106,20 @@ def test_refused_at_startup(rm_dir, tmp_path):
 def test_entry_point():
     eps = {ep.name: ep.value for ep in md.entry_points(group="relax.plugins")}
     assert eps.get("reward_model") == "relax_reward_model.plugin"
+
+
+def test_a_device_it_cannot_use_is_refused_at_startup(rm_dir):
+    """--reward-model-device cuda without a CUDA device: the scorer cannot be built, which
+    relax train (and --dry-run) report before the policy loads (exit 2)."""
+    import torch
+
+    from relax_core.config import RunConfig
+    from relax_core.host.plugins import default_registry
+    from relax_core.stages.rewarding import RewardSetupError, resolve_scorers
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible here")
+    cfg = RunConfig(reward=("reward_model",),
+                    plugin_params={"reward_model": RewardModelParams(path=rm_dir, device="cuda")})
+    with pytest.raises(RewardSetupError, match="reward_model' cannot be built.*no CUDA device is visible"):
+        resolve_scorers(cfg, default_registry())

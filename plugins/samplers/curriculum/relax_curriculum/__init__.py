@@ -1,0 +1,1 @@
+"""The ``curriculum`` prompt sampler for Relax (``--sampler curriculum --data rgc:<dataset>``)."""
