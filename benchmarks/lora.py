@@ -10,8 +10,9 @@ the default target modules (``docs/guide/lora.md``).
 - **Step time**: the two sides alternate ``--repeats`` times in one process (the first round
   warms up); medians and the LoRA ÷ full ratio.
 - **Peak memory**: each side in a fresh subprocess that builds the backend and runs
-  ``--rss-steps`` steps; its peak RSS (``ru_maxrss``) minus the same process's RSS before
-  the model loaded, so the interpreter and torch's own pages are left out.
+  ``--rss-steps`` steps; its peak RSS (``VmHWM``) minus the same process's RSS before the
+  model loaded (``VmRSS``), so the interpreter and torch's own pages are left out.  (Not
+  ``ru_maxrss``: on Linux a child's counts the parent's RSS at the fork.)
 - **Checkpoint**: the bytes of ``save_checkpoint`` (the weights the checkpoint holds, with
   the optimizer state).
 - **State bytes per parameter**: the trained weights, their gradients and AdamW's two
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -86,16 +86,24 @@ def state_bytes(be) -> tuple[int, int, int]:
     return trained, frozen, base
 
 
+def _status_bytes(key: str) -> int:
+    """``/proc/self/status``'s ``key`` (``VmRSS``, ``VmHWM``) in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
 def rss_child(path: str, rank: int, steps: int, shape: dict) -> None:
     """Run in a subprocess: print the peak RSS growth (bytes) of building the backend and training."""
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base = _status_bytes("VmRSS")
     torch.manual_seed(0)
     batch = workload(**shape)
     loss = Loss(float(batch.loss_mask.sum()))
     be = backend(path, rank)
     for _ in range(steps):
         step(be, batch, loss)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _status_bytes("VmHWM")
     print(json.dumps({"peak_growth": peak - base}))
 
 
