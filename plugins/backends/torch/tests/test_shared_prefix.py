@@ -357,14 +357,18 @@ def test_qwen3_moe_float32(tiny_moe_model_dir):
 
 @pytest.mark.slow
 def test_smollm2_llama_float32():
-    """SmolLM2-135M (Llama), float32, sdpa: log-probs and entropy to 1e-4, gradients to float32
-    rounding of the summed prompt gradients (2e-4 of the largest entry)."""
+    """SmolLM2-135M (Llama), float32, sdpa, shared prefix with and without packing: log-probs and
+    entropy to 1e-4, gradients to float32 rounding of the summed prompt gradients (2e-4 of the
+    largest entry)."""
     from relax_core.models import ensure_default_model
 
     path = ensure_default_model()
-    bes = [_backend(path, s, dtype="float32") for s in (False, True)]
+    plain = _backend(path, False, dtype="float32", max_tokens_per_micro_batch=40)
     batch = grouped_batch(seed=7, sizes=(3, 1), t=12)
-    outs = [be.forward(batch, entropy=True) for be in bes]
-    torch.testing.assert_close(outs[1].log_probs, outs[0].log_probs, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(outs[1].entropy, outs[0].entropy, atol=1e-4, rtol=1e-4)
-    _assert_same_gradients_to(bes, batch, rel_atol=2e-4, rtol=1e-3)
+    for lay in (dict(shared=True), dict(shared=True, packing=True)):  # one row per group; packed rows of <= 40 tokens
+        other = _backend(path, dtype="float32", max_tokens_per_micro_batch=40, **lay)
+        outs = [be.forward(batch, entropy=True) for be in (plain, other)]
+        torch.testing.assert_close(outs[1].log_probs, outs[0].log_probs, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(outs[1].entropy, outs[0].entropy, atol=1e-4, rtol=1e-4)
+        _assert_same_gradients_to((plain, other), batch, rel_atol=2e-4, rtol=1e-3)
+        del other
