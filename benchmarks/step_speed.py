@@ -84,6 +84,7 @@ def train_step(be, batch: Batch, loss: Loss) -> None:
     be.forward(batch)
     be.accumulate_gradients(batch, loss)
     be.apply_gradients(lr=0.0)
+    be.zero_grad()  # as the core's optimizer step: gradients released after it
 
 
 def rss_gib() -> float:
@@ -155,6 +156,7 @@ def main() -> None:
             train_step(be, batch, loss)
             if r:  # the first round warms up
                 times[name].append(time.perf_counter() - t)
+                print(f"round {r} {name}: {times[name][-1]:.3f} s", file=sys.stderr, flush=True)
     layout = {}
     for name in CONFIGS:
         configure(be, cfg, name, a.budget)

@@ -35,6 +35,10 @@ def test_run_with_shared_prefix_equals_plain(tiny_model_dir, prompts_file, tmp_p
         recs[on] = read_metrics(tmp_path / f"run-{on}")
     assert layouts[True] and all(layouts[True]) and layouts[False] and not any(layouts[False])
     assert [r["step"] for r in recs[True]] == [r["step"] for r in recs[False]] == [1, 2, 3]
+    for on in (False, True):  # the training forward's padding, reported by the torch backend
+        assert all(0.0 <= r["perf/padding_fraction"] < 1.0 for r in recs[on])
+    if "--max-tokens-per-micro-batch" in extra:  # packed rows: no padding
+        assert all(r["perf/padding_fraction"] == 0.0 for r in recs[True])
     compared = 0
     for a, b in zip(recs[False], recs[True]):
         for k, v in a.items():
