@@ -191,7 +191,8 @@ class TorchBackend:
             needs_top_k: compute log-probs at the batch's ``top_k_ids`` in
                 :meth:`accumulate_gradients`.
             routing_replay: replay the batch's ``routed_experts`` in actor and reference
-                forwards (:mod:`relax_routing_replay.routes`).
+                forwards (:mod:`relax_routing_replay.routes`); the shared-prefix and packed
+                layouts then fall back to the plain one (with a warning).
         """
         self.needs_top_k = needs_top_k
         self.routing_replay = routing_replay
