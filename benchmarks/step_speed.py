@@ -1,11 +1,22 @@
-"""Training time per step with each exact lever of issue 24 off and on, alternated in one run.
+"""Training time and memory per step with each lever of issue 24 off and on, alternated in one run.
 
-Lever so far: ``--shared-prefix`` (torch backend; Prefix Grouper, arXiv 2506.05433).  The
-workload mimics the default run: ``--rollout-batch-size`` prompts × ``--n-samples-per-prompt``
-responses, prompts of ``--prompt-len`` tokens, response lengths uniform in ``[1, --max-response]``.
-One "train step" is what the torch backend does per step: a no-grad forward for the old
-log-probs plus ``accumulate_gradients`` (forward + backward) of a GRPO-like token-mean loss.
-Off and on alternate ``--repeats`` times (warm-up excluded); medians and on/off ratios.
+Levers (torch backend): ``--shared-prefix`` (Prefix Grouper, arXiv 2506.05433), ``--packing``
+(with ``--max-tokens-per-micro-batch``), both exact and on by default; ``--bf16`` (autocast,
+not exact, off by default).  The workload mimics the default run: ``--prompts`` prompts ×
+``--n`` responses, prompts of ``--prompt-len`` tokens, response lengths uniform in
+``[1, --max-response]``.  One "train step" is what the torch backend does per step: a no-grad
+forward for the old log-probs, ``accumulate_gradients`` (forward + backward) of a GRPO-like
+token-mean loss and the AdamW step (learning rate 0, so every configuration sees the same
+weights).  The configurations share one backend (its layout switches are set between steps)
+and alternate ``--repeats`` times (a warm-up round excluded); medians and ratios to the old
+default (plain padded layout, float32).  Rollout is not part of this benchmark.
+
+Per configuration it also reports the padding fraction of the training forward (positions
+holding no token), the peak RSS of a fresh process running one step of it alone
+(``ru_maxrss``; with its parts: after loading the model, after the first step, whose AdamW
+state then exists), and for ``bf16`` the log-prob mismatch against the float32 forward (the
+float32 hf engine's log-probs are the float32 trainer's): mean and max of
+``|log p_fp32 − log p_bf16|`` over the response tokens.
 
     .venv/bin/python benchmarks/step_speed.py [--model tiny|default|PATH] [--smoke] [--repeats N]
 """
@@ -13,7 +24,13 @@ Off and on alternate ``--repeats`` times (warm-up excluded); medians and on/off 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -21,6 +38,16 @@ import torch
 
 from relax_core.batch import Batch
 from relax_core.config import RunConfig
+
+#: name -> (shared_prefix, packing, token budget or None, bf16); the first is the old default
+CONFIGS = {
+    "old_default": (False, False, None, False),
+    "new_default": (True, True, None, False),
+    "padded_budget": (False, False, "budget", False),
+    "packing": (False, True, "budget", False),
+    "shared_prefix+packing": (True, True, "budget", False),
+    "bf16": (False, False, None, True),
+}
 
 
 def workload(prompts: int, n: int, prompt_len: int, max_response: int, seed: int = 0) -> Batch:
@@ -46,6 +73,60 @@ class Loss:
         return loss, {}
 
 
+def configure(be, base_cfg: RunConfig, name: str, budget: int) -> None:
+    """Set the backend's layout switches, token budget and autocast to configuration ``name``."""
+    shared, packing, tb, bf16 = CONFIGS[name]
+    be.shared_prefix, be.packing = shared, packing
+    be.cfg = dataclasses.replace(base_cfg, max_tokens_per_micro_batch=budget if tb else None, bf16=bf16)
+
+
+def train_step(be, batch: Batch, loss: Loss) -> None:
+    be.forward(batch)
+    be.accumulate_gradients(batch, loss)
+    be.apply_gradients(lr=0.0)
+    be.zero_grad()  # as the core's optimizer step: gradients released after it
+
+
+def rss_gib() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+def peak_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def model_path(name: str) -> str:
+    if name == "tiny":
+        from relax_core.models import make_tiny_model
+
+        return str(make_tiny_model(tempfile.mkdtemp(prefix="step-speed-"), seed=0))
+    if name == "default":
+        from relax_core.models import ensure_default_model
+
+        return str(ensure_default_model())
+    return name
+
+
+def build(path: str, a) -> tuple:
+    from relax_torch.backend import TorchBackend
+    from relax_torch.plugin import TorchBackendParams
+
+    torch.manual_seed(0)
+    batch = workload(a.prompts, a.n, a.prompt_len, a.max_response)
+    cfg = RunConfig(model=path, lr=1e-6)
+    return TorchBackend(TorchBackendParams(), cfg), cfg, batch
+
+
+def memory_of(path: str, name: str, a) -> dict:
+    """Run one step of ``name`` alone in this process; its RSS figures (GiB)."""
+    be, cfg, batch = build(path, a)
+    loaded = rss_gib()
+    configure(be, cfg, name, a.budget)
+    train_step(be, batch, Loss(float(batch.loss_mask.sum())))
+    return {"loaded": loaded, "after_step": rss_gib(), "peak": peak_gib()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="tiny", help="tiny (random Qwen3), default (SmolLM2-135M) or a path")
@@ -53,46 +134,68 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=52)
     ap.add_argument("--max-response", type=int, default=32)
+    ap.add_argument("--budget", type=int, default=1024, help="--max-tokens-per-micro-batch of the budget configurations")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--smoke", action="store_true", help="tiny model, 2 prompts × 4 samples, 1 repeat (checks it runs)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the per-configuration peak-RSS processes")
+    ap.add_argument("--memory-of", help=argparse.SUPPRESS)  # internal: one configuration's RSS, as JSON
+    ap.add_argument("--smoke", action="store_true", help="tiny model, 2 prompts × 4 samples, 1 repeat, one memory process (checks it runs)")
     a = ap.parse_args()
-    from relax_torch.backend import TorchBackend
-    from relax_torch.plugin import TorchBackendParams
-
     if a.smoke:
-        a.model, a.repeats, a.prompts, a.n, a.max_response = "tiny", 1, 2, 4, 16
-    if a.model == "tiny":
-        from relax_core.models import make_tiny_model
-
-        path = str(make_tiny_model(tempfile.mkdtemp(prefix="step-speed-"), seed=0))
-    elif a.model == "default":
-        from relax_core.models import ensure_default_model
-
-        path = str(ensure_default_model())
-    else:
-        path = a.model
-    torch.manual_seed(0)
-    batch = workload(a.prompts, a.n, a.prompt_len, a.max_response)
+        a.model, a.repeats, a.prompts, a.n, a.max_response, a.budget = "tiny", 1, 2, 4, 16, 128
+    path = model_path(a.model)
+    if a.memory_of:
+        print(json.dumps(memory_of(path, a.memory_of, a)))
+        return
+    be, cfg, batch = build(path, a)
     loss = Loss(float(batch.loss_mask.sum()))
-    cfg = RunConfig(model=path, lr=1e-6)
-    bes = {name: TorchBackend(TorchBackendParams(shared_prefix=on), cfg) for name, on in (("off", False), ("on", True))}
-    times: dict[str, list[float]] = {k: [] for k in bes}
+    times: dict[str, list[float]] = {k: [] for k in CONFIGS}
     for r in range(a.repeats + 1):
-        for name, be in bes.items():
+        for name in CONFIGS:
+            configure(be, cfg, name, a.budget)
             t = time.perf_counter()
-            be.forward(batch)
-            be.accumulate_gradients(batch, loss)
+            train_step(be, batch, loss)
             if r:  # the first round warms up
                 times[name].append(time.perf_counter() - t)
+                print(f"round {r} {name}: {times[name][-1]:.3f} s", file=sys.stderr, flush=True)
+    layout = {}
+    for name in CONFIGS:
+        configure(be, cfg, name, a.budget)
+        layout[name] = (be.packed_positions(batch), len(be.micro_batches(batch)))
+    configure(be, cfg, "old_default", a.budget)
+    lp32 = be.forward(batch).log_probs
+    configure(be, cfg, "bf16", a.budget)
+    diff = (be.forward(batch).log_probs - lp32).abs()[batch.loss_mask]
+    memory = {}
+    if not a.no_memory:
+        for name in (["new_default"] if a.smoke else CONFIGS):
+            args = [sys.executable, __file__, "--memory-of", name, "--model", path, "--prompts", str(a.prompts),
+                    "--n", str(a.n), "--prompt-len", str(a.prompt_len), "--max-response", str(a.max_response),
+                    "--budget", str(a.budget)]
+            out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+            memory[name] = json.loads(out.strip().splitlines()[-1])
     real = int(batch.loss_mask.sum()) + sum(len(p) for p in batch.prompt_ids)
+    with open("/proc/loadavg") as fh:
+        load = fh.read().split()[:3]
     print(f"model={a.model} samples={batch.size} prompt_len={a.prompt_len} max_response={a.max_response} "
-          f"threads={torch.get_num_threads()} repeats={a.repeats}")
-    print("| lever | train s/step (median) | positions computed | real tokens (plain) |")
-    print("| --- | --- | --- | --- |")
-    for name, be in bes.items():
-        print(f"| shared_prefix={name} | {statistics.median(times[name]):.3f} | {be.packed_positions(batch)} | {real} |")
-    ratio = statistics.median(times["on"]) / statistics.median(times["off"])
-    print(f"shared_prefix_train_time_ratio: {ratio:.3f}")
+          f"budget={a.budget} threads={torch.get_num_threads()} repeats={a.repeats} "
+          f"real_tokens_plain={real} loadavg_end={' '.join(load)}")
+    print("| configuration | shared_prefix | packing | budget | bf16 | train s/step (median) | ratio to old default "
+          "| micro-batches | positions | padding fraction | peak RSS GiB (loaded → after step) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    base = statistics.median(times["old_default"])
+    for name, (shared, packing, tb, bf16) in CONFIGS.items():
+        (positions, filled), mbs = layout[name]
+        med = statistics.median(times[name])
+        m = memory.get(name)
+        mem = f"{m['peak']:.2f} ({m['loaded']:.2f} → {m['after_step']:.2f})" if m else "-"
+        print(f"| {name} | {shared} | {packing} | {a.budget if tb else '-'} | {bf16} | {med:.3f} | {med / base:.3f} "
+              f"| {mbs} | {positions} | {1 - filled / positions:.3f} | {mem} |")
+    print(f"step_time_ratio: {statistics.median(times['new_default']) / base:.3f}")
+    if memory:
+        print(f"peak_rss_gib: {memory['new_default']['peak']:.2f}")
+    print(f"bf16_train_time_ratio: {statistics.median(times['bf16']) / base:.3f}")
+    print(f"bf16_logprob_mismatch: mean {float(diff.mean()):.3e} max {float(diff.max()):.3e} "
+          f"(|log p_fp32 - log p_bf16| over {diff.numel()} response tokens)")
 
 
 if __name__ == "__main__":

@@ -419,6 +419,9 @@ class TrainBackend(Protocol):
     ``optimizer_steps(role)`` is the number of steps applied so far (restored by
     :meth:`load_checkpoint`; it drives the warm-up).
 
+    Optional: ``packed_positions(batch) -> (positions computed, positions holding a token)``
+    of the training forward's layout; the trainer then logs ``perf/padding_fraction``.
+
     Optional, for backends whose ranks split one model (tensor/context/pipeline parallel):
     ``data_parallel() -> (dp_rank, dp_size, dp_group)``, this rank's model replica, the
     number of replicas and the torch.distributed group over the replicas (``None`` for one).

@@ -137,6 +137,8 @@ class Trainer:
         bounds = [round(i * b / n_steps) for i in range(n_steps + 1)]
         sums: dict[str, float] = {}
         skipped = 0
+        layout = getattr(be, "packed_positions", None)  # optional: (positions computed, real tokens)
+        positions = filled = 0
 
         def add(m: dict[str, float]) -> None:
             for k, v in m.items():
@@ -144,6 +146,9 @@ class Trainer:
 
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             part = batch.slice(lo, hi)
+            if layout is not None:
+                computed, real = layout(part)
+                positions, filled = positions + computed, filled + real
             tokens, samples = global_denominators(part.loss_mask)
             if self.c.needs_critic:
                 closs = CriticLoss(self.c.estimator, self.loss_settings, num_tokens=tokens, num_samples=samples)
@@ -161,6 +166,8 @@ class Trainer:
         sums["train/skipped_steps"] = float(skipped)
         sums["train/old_logp_source"] = float(self.old_logp_source)
         sums["train/global_batch_size"] = float(bounds[1] - bounds[0])
+        if positions:  # the training forward's padding: positions that hold no token
+            sums["perf/padding_fraction"] = 1.0 - filled / positions
         return sums
 
     # ------------------------------------------------------------------ one step

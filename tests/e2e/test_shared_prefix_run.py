@@ -1,5 +1,6 @@
-"""`relax train` with --shared-prefix on and off (tiny model, float32, 3 steps): the same
-metrics.jsonl within float32 rounding (issue 24 item 1)."""
+"""`relax train` with the default layout (--shared-prefix, and --packing with a token budget)
+and with --no-shared-prefix --no-packing (tiny model, float32, 3 steps): the same metrics.jsonl
+within float32 rounding (issue 24 items 1 and 2)."""
 
 import math
 
@@ -27,13 +28,17 @@ def test_run_with_shared_prefix_equals_plain(tiny_model_dir, prompts_file, tmp_p
     recs = {}
     for on in (False, True):
         args = tiny_args(tiny_model_dir, prompts_file, tmp_path, *extra, "--num-rollout", "3", "--no-save-hf",
-                         *(("--shared-prefix",) if on else ()))
+                         *(() if on else ("--no-shared-prefix", "--no-packing")))
         args[args.index("--run-name") + 1] = f"run-{on}"
         code, out = run_train(args)
         assert code == 0, out
         recs[on] = read_metrics(tmp_path / f"run-{on}")
     assert layouts[True] and all(layouts[True]) and layouts[False] and not any(layouts[False])
     assert [r["step"] for r in recs[True]] == [r["step"] for r in recs[False]] == [1, 2, 3]
+    for on in (False, True):  # the training forward's padding, reported by the torch backend
+        assert all(0.0 <= r["perf/padding_fraction"] < 1.0 for r in recs[on])
+    if "--max-tokens-per-micro-batch" in extra:  # packed rows: no padding
+        assert all(r["perf/padding_fraction"] == 0.0 for r in recs[True])
     compared = 0
     for a, b in zip(recs[False], recs[True]):
         for k, v in a.items():

@@ -6,9 +6,13 @@ left-padded to the micro-batch's longest prompt ``P``, responses keep their righ
 cut at the last ``loss_mask`` column of the micro-batch.  Position ids count real tokens
 only.  The hidden state at index ``P - 1 + t`` predicts response token ``t``; log-probs,
 entropy, top-k log-probs and critic values are all aligned that way (``[b, T]``), and are
-computed only at ``loss_mask`` positions (0 elsewhere).  With ``--shared-prefix`` a
-micro-batch is one row per prompt group instead, ``[prompt | r_1 | ... | r_n]`` with a 4-D
-attention mask (:mod:`relax_torch.shared_prefix`, Prefix Grouper): same outputs, fewer positions.
+computed only at ``loss_mask`` positions (0 elsewhere).  By default (``--shared-prefix``)
+a micro-batch is one row per prompt group instead, ``[prompt | r_1 | ... | r_n]`` with a 4-D
+attention mask (Prefix Grouper), and with ``--max-tokens-per-micro-batch`` (``--packing``) its
+segments are packed into one row without padding, behind a block-diagonal mask
+(:mod:`relax_torch.layout`): same outputs, fewer positions.  Both are on by default where they
+are exact (eager/sdpa attention, no sliding window, no routing replay); elsewhere the backend
+warns and uses the plain layout.
 
 Log-probs are taken at the rollout temperature, ``log softmax(z / τ)`` with
 ``τ = --rollout-temperature`` (1 when it is 0, greedy), over the full vocabulary, in float32
@@ -17,9 +21,10 @@ they are comparable with the engine's ``log q``; top-p/top-k truncation is not a
 (the trainer's policy is the untruncated softmax).  Critic values use no temperature.
 
 Optimisation.  :meth:`TorchBackend.accumulate_gradients` splits the batch into micro-batches
-(``--micro-batch-size`` samples, or packing consecutive samples while ``b × (P + T) <=
---max-tokens-per-micro-batch`` padded tokens; ``G × L``, groups × longest row, with
-``--shared-prefix``), sums ``loss_fn``'s micro-batch losses in
+(``--micro-batch-size`` samples, or consecutive samples while their tokens fit
+``--max-tokens-per-micro-batch``: the real tokens of the packed row with ``--packing``, prompts
+of a group counted once with ``--shared-prefix``; else padded positions, ``b × (P + T)`` plain,
+``G × L``, groups × longest row, with ``--shared-prefix``), sums ``loss_fn``'s micro-batch losses in
 backward (they are already scaled by the global denominators) and all-reduces (sums)
 gradients over data-parallel ranks when ``torch.distributed`` is initialised; the core's
 optimizer step (:mod:`relax_core.stages.optimizer`: non-finite skipping, ``--clip-grad``,
@@ -46,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +64,7 @@ from relax_core.models import load_model, load_state_dict_, load_tokenizer
 from relax_core.stages.optimizer import step_torch_optimizer
 from relax_torch.logprobs import token_log_probs
 from relax_torch.lora import adapter_state_dict, add_adapter, load_adapter_state_dict_, merged_state_dict
-from relax_torch.shared_prefix import EXACT_ATTENTION, build_layout, group_of, packed_tokens
+from relax_torch.layout import EXACT_ATTENTION, build_layout, group_of, layout_positions
 
 ROLES = ("actor", "ref", "critic", "teacher")
 
@@ -120,9 +126,10 @@ class TorchBackend:
         self.steps: dict[str, int] = {"actor": 0}
         self.needs_top_k = False
         self.routing_replay = False
-        self.shared_prefix = bool(getattr(params, "shared_prefix", False))
-        if self.shared_prefix:
-            self._check_shared_prefix(actor)
+        self.shared_prefix = bool(getattr(params, "shared_prefix", True))
+        self.packing = bool(getattr(params, "packing", True))
+        if self.shared_prefix or self.packing:
+            self._fall_back(self._inexact_layout(actor))
 
     # ------------------------------------------------------------------ setup
     def _load(self, path: str) -> nn.Module:
@@ -144,16 +151,28 @@ class TorchBackend:
             raise NotImplementedError(f"{type(model).__name__}: logits are not the output embedding of the final "
                                       "hidden states (soft-capping or scaling); the torch backend cannot train it")
 
-    def _check_shared_prefix(self, model: nn.Module) -> None:
-        """Refuse ``--shared-prefix`` where it cannot be exact (:mod:`relax_torch.shared_prefix`)."""
+    @staticmethod
+    def _inexact_layout(model: nn.Module) -> str | None:
+        """Why the shared-prefix and packed layouts (:mod:`relax_torch.layout`) would not be
+        exact for ``model``, or None."""
         impl = getattr(model.config, "_attn_implementation", None)
         if impl not in EXACT_ATTENTION:
-            raise ValueError(f"--shared-prefix needs an attention implementation that takes a custom 4-D mask "
-                             f"({', '.join(EXACT_ATTENTION)}); this model uses {impl!r}")
+            return (f"they need an attention implementation that takes a custom 4-D mask "
+                    f"({', '.join(EXACT_ATTENTION)}); this model uses {impl!r}")
         types = getattr(model.config, "layer_types", None) or ()
         if getattr(model.config, "use_sliding_window", False) or any("sliding" in str(t) for t in types):
-            raise ValueError("--shared-prefix: the model uses sliding-window attention, which the shared-prefix "
-                             "mask does not reproduce")
+            return "the model uses sliding-window attention, which their mask does not reproduce"
+        return None
+
+    def _fall_back(self, reason: str | None) -> None:
+        """Use the plain layout (with a warning naming ``reason``) when the shared-prefix or
+        packed layout is on but cannot be exact."""
+        if reason is None or not (self.shared_prefix or self.packing):
+            return
+        on = " and ".join(f for f, v in (("--shared-prefix", self.shared_prefix), ("--packing", self.packing)) if v)
+        warnings.warn(f"torch backend: {on} off ({reason}); training uses the plain padded layout "
+                      "(--no-shared-prefix --no-packing silences this)", stacklevel=3)
+        self.shared_prefix = self.packing = False
 
     def _adamw(self, model: nn.Module) -> torch.optim.Optimizer:
         """AdamW over the trainable parameters (the core sets each step's learning rate)."""
@@ -177,7 +196,8 @@ class TorchBackend:
             needs_top_k: compute log-probs at the batch's ``top_k_ids`` in
                 :meth:`accumulate_gradients`.
             routing_replay: replay the batch's ``routed_experts`` in actor and reference
-                forwards (:mod:`relax_routing_replay.routes`).
+                forwards (:mod:`relax_routing_replay.routes`); the shared-prefix and packed
+                layouts then fall back to the plain one (with a warning).
 
         With ``--teacher-model`` it also builds the frozen ``teacher`` role (on-policy
         distillation), a separate model also under LoRA, whose :meth:`forward` gives the
@@ -186,9 +206,8 @@ class TorchBackend:
         """
         self.needs_top_k = needs_top_k
         self.routing_replay = routing_replay
-        if self.shared_prefix and routing_replay:
-            raise ValueError("--shared-prefix cannot replay routed experts (routes are recorded per sample at "
-                             "plain-layout positions); turn one of them off")
+        if routing_replay:
+            self._fall_back("routing replay needs the routes recorded per sample at plain-layout positions")
         if needs_ref and self.peft is not None:
             self.models["ref"] = self.models["actor"]
         elif needs_ref and "ref" not in self.models:
@@ -234,8 +253,8 @@ class TorchBackend:
         if not budget:
             return [(0, n)] if n else []
         t_last = _last_column(batch.loss_mask)  # [B] response columns needed
-        if self.shared_prefix:
-            return self._shared_micro_batches(batch, t_last, budget)
+        if self.shared_prefix or self.packing:
+            return self._segment_micro_batches(batch, t_last, budget)
         out, lo, p_max, t_max = [], 0, 0, 0
         for i in range(n):
             p, t = max(p_max, len(batch.prompt_ids[i])), max(t_max, int(t_last[i]))
@@ -246,53 +265,64 @@ class TorchBackend:
         out.append((lo, n))
         return out
 
-    def _shared_micro_batches(self, batch: Batch, t_last: Tensor, budget: int) -> list[tuple[int, int]]:
-        """``--max-tokens-per-micro-batch`` under ``--shared-prefix``: consecutive samples
-        while the packed layout's ``G × L`` positions (groups × longest row) fit; a group cut
-        by a boundary repeats its prompt in each part (exact, less sharing)."""
+    def _segment_micro_batches(self, batch: Batch, t_last: Tensor, budget: int) -> list[tuple[int, int]]:
+        """``--max-tokens-per-micro-batch`` for the layouts of :mod:`relax_torch.layout`:
+        consecutive samples while the layout's positions fit: its real tokens when packed
+        (``Σ len_s``, one row without padding), else ``S × L`` (segments × longest).  A group
+        cut by a boundary repeats its prompt in each part (exact, less sharing)."""
         n = batch.size
-        inv, _ = group_of(batch.group_index, n)
-        plen = torch.tensor([len(x) for x in batch.prompt_ids], dtype=torch.long)
+        inv, _ = group_of(batch.group_index if self.shared_prefix else None, n)
+        plen = [len(x) for x in batch.prompt_ids]
+        t = t_last.tolist()
         out, lo = [], 0
-        rows: dict[int, int] = {}  # group -> row length in the current micro-batch
-        longest = 0
+        segs: dict[int, int] = {}  # segment -> length in the current micro-batch
+        longest = total = 0
         for i in range(n):  # one pass over samples (as the plain packing), O(1) each
             g = int(inv[i])
-            length = rows.get(g, int(plen[i])) + int(t_last[i])
-            cost = (len(rows) + (g not in rows)) * max(longest, length)
+            length = segs.get(g, plen[i]) + t[i]
+            grown = total + length - segs.get(g, 0)
+            cost = grown if self.packing else (len(segs) + (g not in segs)) * max(longest, length)
             if i > lo and cost > budget:
                 out.append((lo, i))
-                lo, rows, longest = i, {}, 0
-                length = int(plen[i]) + int(t_last[i])
-            rows[g] = length
-            longest = max(longest, length)
+                lo, segs, longest, total = i, {}, 0, 0
+                length = grown = plen[i] + t[i]
+            segs[g] = length
+            longest, total = max(longest, length), grown
         out.append((lo, n))
         return out
 
-    def packed_positions(self, batch: Batch) -> int:
-        """Positions the forward computes for ``batch`` in its micro-batches (padding
-        included): ``Σ b × (P + T')`` plain, ``Σ G × L`` with ``--shared-prefix``."""
+    def _packs(self) -> bool:
+        """Micro-batches are packed rows (``--packing`` with ``--max-tokens-per-micro-batch``)."""
+        return self.packing and bool(self.cfg.max_tokens_per_micro_batch) and not self.cfg.micro_batch_size
+
+    def packed_positions(self, batch: Batch) -> tuple[int, int]:
+        """(positions the forward computes for ``batch`` in its micro-batches, padding
+        included; those holding a token): ``Σ b × (P + T')`` and ``Σ (P_i + T'_i)`` plain,
+        ``Σ R × L`` and ``Σ len_s`` in the layouts of :mod:`relax_torch.layout`.  The padding
+        fraction is ``1 − tokens / positions``."""
         t_last = _last_column(batch.loss_mask)
         plen = torch.tensor([len(x) for x in batch.prompt_ids], dtype=torch.long)
-        total = 0
+        positions = tokens = 0
         for lo, hi in self.micro_batches(batch):
-            if self.shared_prefix:
-                gi = None if batch.group_index is None else batch.group_index[lo:hi]
-                total += packed_tokens(plen[lo:hi], t_last[lo:hi], group_of(gi, hi - lo)[0])
+            if self.shared_prefix or self._packs():
+                gi = None if batch.group_index is None or not self.shared_prefix else batch.group_index[lo:hi]
+                a, r = layout_positions(plen[lo:hi], t_last[lo:hi], group_of(gi, hi - lo)[0], pack=self._packs())
             else:
-                total += (hi - lo) * int(plen[lo:hi].max() + t_last[lo:hi].max())
-        return total
+                a = (hi - lo) * int(plen[lo:hi].max() + t_last[lo:hi].max())
+                r = int((plen[lo:hi] + t_last[lo:hi]).sum())
+            positions, tokens = positions + a, tokens + r
+        return positions, tokens
 
     # ------------------------------------------------------------------ forward
     def _inputs(self, mb: Batch) -> tuple:
         """(input_ids, attention_mask, position_ids, P, T', layout) of ``[prompt | response[:, :T']]``
-        (``layout`` None), or with ``--shared-prefix`` of the packed rows ``[prompt_g | r_1 | ... | r_n]``
-        (:class:`~relax_torch.shared_prefix.SharedPrefixLayout`; ``P`` None)."""
-        if self.shared_prefix:
+        (``layout`` None), or with ``--shared-prefix``/``--packing`` of the segment rows
+        (:class:`~relax_torch.layout.Layout`; ``P`` None)."""
+        if self.shared_prefix or self._packs():
             model = self.models["actor"]
             lay = build_layout(mb.prompt_ids, mb.group_index, mb.response_ids, mb.loss_mask, self.pad_token_id,
-                               model.config.vocab_size, sdpa=model.config._attn_implementation == "sdpa",
-                               mask_dtype=self.dtype)
+                               model.config.vocab_size, share=self.shared_prefix, pack=self._packs(),
+                               sdpa=model.config._attn_implementation == "sdpa", mask_dtype=self.dtype)
             return (lay.input_ids.to(self.device), lay.attention_mask.to(self.device),
                     lay.position_ids.to(self.device), None, lay.t_eff, lay)
         mask = mb.loss_mask.bool()

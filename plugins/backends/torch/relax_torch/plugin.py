@@ -15,10 +15,17 @@ class TorchBackendParams:
     adam_beta2: float = param(0.999, "AdamW β2.", flag="--adam-beta2", ge=0, lt=1)
     adam_eps: float = param(1e-8, "AdamW ε.", flag="--adam-eps", gt=0)
     shared_prefix: bool = param(
-        False, "Shared-prefix training forward (Prefix Grouper, arXiv 2506.05433): one row per prompt group, "
-               "the prompt encoded once and each response attending to it through a 4-D mask; exact (same "
-               "log-probs and gradients); eager/sdpa attention without sliding window, no routing replay.",
+        True, "Shared-prefix training forward (Prefix Grouper, arXiv 2506.05433): one row per prompt group, "
+              "the prompt encoded once and each response attending to it through a 4-D mask; exact (same "
+              "log-probs and gradients), so on by default; where it cannot be exact (attention other than "
+              "eager/sdpa, sliding window, routing replay) the plain layout is used, with a warning.",
         flag="--shared-prefix")
+    packing: bool = param(
+        True, "With --max-tokens-per-micro-batch: each micro-batch is one row of whole sequences (prompt "
+              "groups with --shared-prefix) packed end to end without padding, up to that many real tokens, "
+              "behind a block-diagonal 4-D mask with per-sequence position ids; exact, on by default under "
+              "the same conditions as --shared-prefix (--no-packing: the budget counts padded positions).",
+        flag="--packing")
 
 
 @hookimpl

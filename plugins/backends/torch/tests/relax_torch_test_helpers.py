@@ -9,10 +9,12 @@ from relax_torch.backend import TorchBackend
 from relax_torch.plugin import TorchBackendParams
 
 
-def make_backend(model_dir, dtype="float64", **cfg):
+def make_backend(model_dir, dtype="float64", layout=True, **cfg):
+    """``layout=False``: the plain padded layout (``--no-shared-prefix --no-packing``)."""
     cfg.setdefault("lr", 1e-3)
     cfg.setdefault("rollout_temperature", 1.0)  # independent of the run default
-    return TorchBackend(TorchBackendParams(dtype=dtype, logits_chunk_size=7), RunConfig(model=str(model_dir), **cfg))
+    params = TorchBackendParams(dtype=dtype, logits_chunk_size=7, shared_prefix=layout, packing=layout)
+    return TorchBackend(params, RunConfig(model=str(model_dir), **cfg))
 
 
 def train_step(be, batch, loss_fn, role="actor", critic_settings=None):

@@ -150,8 +150,9 @@ def test_gradient_equals_reference_and_is_micro_batch_invariant(backend):
     model.zero_grad(set_to_none=True)
 
 
-def test_packing_respects_token_budget(tiny_model_dir):
-    be = make_backend(tiny_model_dir, max_tokens_per_micro_batch=30)
+def test_padded_budget_respects_token_budget(tiny_model_dir):
+    """--no-packing: the budget counts padded positions, b × (P + T')."""
+    be = make_backend(tiny_model_dir, layout=False, max_tokens_per_micro_batch=30)
     batch = make_batch(seed=2, b=8)
     bounds = be.micro_batches(batch)
     assert bounds[0][0] == 0 and bounds[-1][1] == 8 and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))

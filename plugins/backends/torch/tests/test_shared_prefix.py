@@ -1,8 +1,8 @@
-"""--shared-prefix (Prefix Grouper, arXiv 2506.05433) against the plain layout, float64 tiny
-Qwen3 with sdpa: log-probs, entropy, top-k log-probs, critic values, losses, metrics and full
-parameter gradients equal to 1e-10 for groups of size 1 and n, interleaved groups, responses of
-very different lengths, masks with holes, several estimators; the mask keeps responses apart;
-refusals.
+"""--shared-prefix (Prefix Grouper, arXiv 2506.05433) and --packing against the plain layout,
+float64 tiny Qwen3 with sdpa: log-probs, entropy, top-k log-probs, critic values, losses,
+metrics and full parameter gradients equal to 1e-10 for groups of size 1 and n, interleaved
+groups, responses of very different lengths, masks with holes, several estimators, packed rows
+of several micro-batches; the mask keeps responses and packed segments apart; the fall-backs.
 
 transformers' Qwen3RMSNorm computes in float32 whatever the weights' dtype.  The forward is
 the same per position in both layouts (equal bit for bit), but the backward sums a shared
@@ -24,16 +24,21 @@ from relax_core.stages.loss import ActorLoss, LossSettings, global_denominators
 from relax_core.host.plugins import default_registry
 from relax_torch.backend import TorchBackend
 from relax_torch.plugin import TorchBackendParams
-from relax_torch.shared_prefix import build_layout
+from relax_torch.layout import build_layout
 
 TOL = dict(atol=1e-10, rtol=1e-10)  # float64: the two layouts differ only in summation order
 
 
-def _backend(model_dir, shared, dtype="float64", **cfg):
+def _backend(model_dir, shared, dtype="float64", packing=False, **cfg):
+    """shared=False, packing=False: the plain layout (the reference)."""
     cfg.setdefault("lr", 1e-3)
     cfg.setdefault("rollout_temperature", 0.7)
-    return TorchBackend(TorchBackendParams(dtype=dtype, logits_chunk_size=7, shared_prefix=shared),
+    return TorchBackend(TorchBackendParams(dtype=dtype, logits_chunk_size=7, shared_prefix=shared, packing=packing),
                         RunConfig(model=str(model_dir), **cfg))
+
+
+LAYOUTS = {"shared": dict(shared=True), "packed": dict(shared=False, packing=True, max_tokens_per_micro_batch=60),
+           "shared_packed": dict(shared=True, packing=True, max_tokens_per_micro_batch=60)}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -155,6 +160,62 @@ def _replace(batch, **kw):
     return Batch(**{**fields, **kw})
 
 
+def test_packed_layout_is_block_diagonal():
+    """Two samples of two groups packed into one row (no sharing): hand-derived ids, positions
+    restarting per segment, a block-diagonal causal mask, no padding; with sharing the group's
+    prompt is stored once."""
+    lay = build_layout([[5, 6], [7]], torch.tensor([0, 1]), torch.tensor([[10, 11], [12, 13]]),
+                       torch.tensor([[True, True], [True, False]]), 0, 100, share=False, pack=True, sdpa=True,
+                       mask_dtype=torch.float64)
+    assert lay.input_ids.tolist() == [[5, 6, 10, 11, 7, 12]] and lay.tokens == 6
+    assert lay.position_ids.tolist() == [[0, 1, 2, 3, 0, 1]]
+    m = lay.attention_mask[0, 0].int().tolist()
+    assert m == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0],
+                 [0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 1, 1]]
+    assert lay.src_col.tolist() == [[1, 2], [4, 5]]  # token 0 of sample 1 from its prompt's last state (col 4)
+    shared = build_layout([[5, 6], [5, 6], [7]], torch.tensor([0, 0, 1]), torch.tensor([[10, 11], [12, 13], [14, 15]]),
+                          torch.tensor([[True, True], [True, False], [True, True]]), 0, 100, pack=True, sdpa=False,
+                          mask_dtype=torch.float32)
+    assert shared.input_ids.tolist() == [[5, 6, 10, 11, 12, 7, 14, 15]]
+    assert shared.position_ids.tolist() == [[0, 1, 2, 3, 2, 0, 1, 2]]
+    allowed = (shared.attention_mask[0, 0] == 0).int().tolist()
+    assert allowed[4] == [1, 1, 0, 0, 1, 0, 0, 0] and allowed[6] == [0, 0, 0, 0, 0, 1, 1, 0]
+    assert shared.attention_mask.dtype == torch.float32 and shared.attention_mask.min() == torch.finfo(torch.float32).min
+
+
+@pytest.mark.parametrize("layout", ["packed", "shared_packed"])
+def test_packed_forward_and_gradient_equal_plain(tiny_model_dir, layout):
+    """Packed rows over several micro-batches (a 60-token budget) against the plain layout with
+    the same budget: log-probs, entropy, top-k, loss and full gradient to 1e-10; no padding."""
+    batch = grouped_batch(sizes=(1, 4, 3, 1))
+    bes = [_backend(tiny_model_dir, False, max_tokens_per_micro_batch=60), _backend(tiny_model_dir, **LAYOUTS[layout])]
+    assert len(bes[1].micro_batches(batch)) > 2
+    positions, tokens = bes[1].packed_positions(batch)
+    assert positions == tokens < bes[0].packed_positions(batch)[0]
+    outs = [be.forward(batch, entropy=True, top_k=True) for be in bes]
+    for name in ("log_probs", "entropy", "top_k_log_probs"):
+        torch.testing.assert_close(getattr(outs[1], name), getattr(outs[0], name), **TOL)
+    fn = PGLoss(float(batch.loss_mask.sum()))
+    res = [be.accumulate_gradients(batch, fn) for be in bes]
+    assert res[1].sums["loss"] == pytest.approx(res[0].sums["loss"], rel=1e-10, abs=1e-12)
+    _assert_same_grads(bes[0].models["actor"], bes[1].models["actor"])
+
+
+def test_packed_segments_do_not_see_each_other(tiny_model_dir):
+    """In a packed row, changing one sample's prompt changes no other sample's log-probs."""
+    be = _backend(tiny_model_dir, False, packing=True, max_tokens_per_micro_batch=10_000)
+    batch = grouped_batch(sizes=(1, 1, 1, 1))
+    assert be.micro_batches(batch) == [(0, 4)]
+    base = be.forward(batch).log_probs
+    prompts = [list(p) for p in batch.prompt_ids]
+    prompts[1][0] += 1
+    moved = be.forward(_replace(batch, prompt_ids=prompts)).log_probs
+    keep = torch.arange(4) != 1
+    torch.testing.assert_close(moved[keep], base[keep], atol=0, rtol=0)
+    m = batch.loss_mask[1]
+    assert (moved[1][m] != base[1][m]).all()
+
+
 def test_layout_mask_is_the_prefix_grouper_mask():
     lay = build_layout([[5, 6, 7], [5, 6, 7]], torch.tensor([3, 3]), torch.tensor([[10, 11], [12, 13]]),
                        torch.tensor([[True, True], [True, False]]), 0, 100, sdpa=True, mask_dtype=torch.float64)
@@ -169,13 +230,15 @@ def test_layout_mask_is_the_prefix_grouper_mask():
 ESTIMATORS = ["grpo", "gspo", "ppo"]
 
 
-@pytest.mark.parametrize("est", ESTIMATORS)
-def test_estimator_loss_metrics_and_gradients_equal_plain(tiny_model_dir, est):
+@pytest.mark.parametrize("est,layout", [(e, "shared") for e in ESTIMATORS] + [("grpo", "packed"), ("ppo", "shared_packed")])
+def test_estimator_loss_metrics_and_gradients_equal_plain(tiny_model_dir, est, layout):
     """One actor step's loss, metrics and gradient (and for ppo the critic's values and value
     gradient) through ActorLoss with the estimator's own advantages."""
     reg = default_registry()
     cfg_kw = dict(advantage_estimator=est, n_samples_per_prompt=4, entropy_coef=0.01)
-    bes = [_backend(tiny_model_dir, s, **cfg_kw) for s in (False, True)]
+    lay = dict(LAYOUTS[layout])
+    bes = [_backend(tiny_model_dir, False, **cfg_kw, max_tokens_per_micro_batch=lay.get("max_tokens_per_micro_batch")),
+           _backend(tiny_model_dir, **lay, **cfg_kw)]
     batch = grouped_batch(seed=3, sizes=(4, 1, 4))
     critic = est == "ppo"
     for be in bes:
@@ -202,49 +265,67 @@ def test_estimator_loss_metrics_and_gradients_equal_plain(tiny_model_dir, est):
                        num_tokens=tokens, num_samples=samples, old_from_current=False)
         results.append(be.accumulate_gradients(mb, fn))
         metrics.append(fn.metrics())
-    assert results[1].sums["loss"] == pytest.approx(results[0].sums["loss"], rel=1e-10, abs=1e-12)
+    # ActorLoss reports its loss and metrics in float32 per micro-batch, and packing cuts other
+    # micro-batches than the plain budget: their sums then agree to float32 rounding only
+    rel = 1e-10 if bes[0].micro_batches(batch) == bes[1].micro_batches(batch) else 1e-6
+    assert results[1].sums["loss"] == pytest.approx(results[0].sums["loss"], rel=rel, abs=1e-12)
     assert metrics[0].keys() == metrics[1].keys()
     for k in metrics[0]:
-        assert metrics[1][k] == pytest.approx(metrics[0][k], rel=1e-9, abs=1e-12), k
+        assert metrics[1][k] == pytest.approx(metrics[0][k], rel=rel, abs=1e-12), k
     _assert_same_grads(bes[0].models["actor"], bes[1].models["actor"])
     if critic:
+        n_tok = float(batch.loss_mask.sum())  # the global denominator (micro-batches differ when packed)
+
         def value_loss(mb, out):
             m = mb.loss_mask.bool()
-            loss = torch.where(m, (out.values.double() - torch.nan_to_num(mb.returns)) ** 2, 0.0).sum() / m.sum()
+            loss = torch.where(m, (out.values.double() - torch.nan_to_num(mb.returns)) ** 2, 0.0).sum() / n_tok
             return loss, {"loss": float(loss.detach())}
         for be in bes:
             be.accumulate_gradients(batch, value_loss, role="critic")
         _assert_same_grads(bes[0].models["critic"], bes[1].models["critic"])
 
 
-def test_token_budget_counts_packed_positions(tiny_model_dir):
+@pytest.mark.parametrize("packing", [False, True])
+def test_token_budget_counts_packed_positions(tiny_model_dir, packing):
     batch = grouped_batch(sizes=(4, 4, 2))
     plain = _backend(tiny_model_dir, False, max_tokens_per_micro_batch=80)
-    shared = _backend(tiny_model_dir, True, max_tokens_per_micro_batch=80)
+    shared = _backend(tiny_model_dir, True, packing=packing, max_tokens_per_micro_batch=80)
     bounds = shared.micro_batches(batch)
-    assert bounds[0][0] == 0 and bounds[-1][1] == batch.size
+    assert bounds[0][0] == 0 and bounds[-1][1] == batch.size and len(bounds) > 1
     for lo, hi in bounds:
         if hi - lo > 1:
-            assert shared.packed_positions(batch.slice(lo, hi)) <= 80
+            assert shared.packed_positions(batch.slice(lo, hi))[0] <= 80
     for lo, hi in bounds:  # the budget counts exactly the positions the layout computes
         mb = batch.slice(lo, hi)
-        lay = build_layout(mb.prompt_ids, mb.group_index, mb.response_ids, mb.loss_mask, 0, 49152, sdpa=True,
-                           mask_dtype=torch.float64)
-        assert shared.packed_positions(mb) == lay.input_ids.numel()
+        lay = build_layout(mb.prompt_ids, mb.group_index, mb.response_ids, mb.loss_mask, 0, 49152, pack=packing,
+                           sdpa=True, mask_dtype=torch.float64)
+        assert shared.packed_positions(mb) == (lay.input_ids.numel(), lay.tokens)
+        if packing:  # one row, no padding
+            assert lay.input_ids.shape[0] == 1 and lay.tokens == lay.input_ids.numel()
     fn = PGLoss(float(batch.loss_mask.sum()))
     plain.accumulate_gradients(batch, fn)
     shared.accumulate_gradients(batch, fn)
     _assert_same_grads(plain.models["actor"], shared.models["actor"])
 
 
-def test_refusals(tiny_model_dir, tiny_moe_model_dir):
-    be = _backend(tiny_moe_model_dir, True, dtype="float32")
-    with pytest.raises(ValueError, match="routed experts"):
+def test_fall_backs_and_refusals(tiny_model_dir, tiny_moe_model_dir):
+    """Where the layouts cannot be exact the backend warns and uses the plain layout."""
+    be = _backend(tiny_moe_model_dir, True, dtype="float32", packing=True)
+    with pytest.warns(UserWarning, match="--shared-prefix and --packing off .*routing replay"):
         be.setup(routing_replay=True)
+    assert not (be.shared_prefix or be.packing)
     be = _backend(tiny_model_dir, True)
     be.models["actor"].config._attn_implementation = "flash_attention_2"
-    with pytest.raises(ValueError, match="4-D mask"):
-        be._check_shared_prefix(be.models["actor"])
+    assert "4-D mask" in be._inexact_layout(be.models["actor"])
+    with pytest.warns(UserWarning, match="--shared-prefix off .*4-D mask"):
+        be._fall_back(be._inexact_layout(be.models["actor"]))
+    assert not be.shared_prefix
+    be.models["actor"].config._attn_implementation = "sdpa"
+    be.models["actor"].config.use_sliding_window = True
+    try:
+        assert "sliding-window" in be._inexact_layout(be.models["actor"])
+    finally:
+        be.models["actor"].config.use_sliding_window = False
     bad = grouped_batch(sizes=(2,))
     bad = _replace(bad, prompt_ids=[bad.prompt_ids[0], bad.prompt_ids[0] + [9]])
     with pytest.raises(ValueError, match="different prompts"):
@@ -276,14 +357,18 @@ def test_qwen3_moe_float32(tiny_moe_model_dir):
 
 @pytest.mark.slow
 def test_smollm2_llama_float32():
-    """SmolLM2-135M (Llama), float32, sdpa: log-probs and entropy to 1e-4, gradients to float32
-    rounding of the summed prompt gradients (2e-4 of the largest entry)."""
+    """SmolLM2-135M (Llama), float32, sdpa, shared prefix with and without packing: log-probs and
+    entropy to 1e-4, gradients to float32 rounding of the summed prompt gradients (2e-4 of the
+    largest entry)."""
     from relax_core.models import ensure_default_model
 
     path = ensure_default_model()
-    bes = [_backend(path, s, dtype="float32") for s in (False, True)]
+    plain = _backend(path, False, dtype="float32", max_tokens_per_micro_batch=40)
     batch = grouped_batch(seed=7, sizes=(3, 1), t=12)
-    outs = [be.forward(batch, entropy=True) for be in bes]
-    torch.testing.assert_close(outs[1].log_probs, outs[0].log_probs, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(outs[1].entropy, outs[0].entropy, atol=1e-4, rtol=1e-4)
-    _assert_same_gradients_to(bes, batch, rel_atol=2e-4, rtol=1e-3)
+    for lay in (dict(shared=True), dict(shared=True, packing=True)):  # one row per group; packed rows of <= 40 tokens
+        other = _backend(path, dtype="float32", max_tokens_per_micro_batch=40, **lay)
+        outs = [be.forward(batch, entropy=True) for be in (plain, other)]
+        torch.testing.assert_close(outs[1].log_probs, outs[0].log_probs, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(outs[1].entropy, outs[0].entropy, atol=1e-4, rtol=1e-4)
+        _assert_same_gradients_to((plain, other), batch, rel_atol=2e-4, rtol=1e-3)
+        del other
