@@ -111,6 +111,7 @@ class TorchBackend:
         self.temperature = config.rollout_temperature if config.rollout_temperature > 0 else 1.0
         self.tokenizer = load_tokenizer(config.model)
         self.pad_token_id = self.tokenizer.pad_token_id
+        self.shared_prefix = bool(getattr(params, "shared_prefix", False))
         actor = self._load(config.model)
         self.peft = add_adapter(actor, config) if config.lora_rank else None  # peft.PeftModel around actor
         if config.gradient_checkpointing:
@@ -120,15 +121,16 @@ class TorchBackend:
         self.steps: dict[str, int] = {"actor": 0}
         self.needs_top_k = False
         self.routing_replay = False
-        self.shared_prefix = bool(getattr(params, "shared_prefix", False))
-        if self.shared_prefix:
-            self._check_shared_prefix(actor)
 
     # ------------------------------------------------------------------ setup
     def _load(self, path: str) -> nn.Module:
+        """Load a model of any role (actor, ref, teacher, critic's base): every one runs on
+        the same input layout, so each is checked for it (``--shared-prefix``)."""
         m = load_model(path, dtype=self.dtype, device=self.device)
         _disable_dropout(m)
         self._check_head(m)
+        if self.shared_prefix:
+            self._check_shared_prefix(m, path)
         return m
 
     @staticmethod
@@ -144,15 +146,16 @@ class TorchBackend:
             raise NotImplementedError(f"{type(model).__name__}: logits are not the output embedding of the final "
                                       "hidden states (soft-capping or scaling); the torch backend cannot train it")
 
-    def _check_shared_prefix(self, model: nn.Module) -> None:
-        """Refuse ``--shared-prefix`` where it cannot be exact (:mod:`relax_torch.shared_prefix`)."""
+    def _check_shared_prefix(self, model: nn.Module, path: str = "the model") -> None:
+        """Refuse ``--shared-prefix`` where it cannot be exact (:mod:`relax_torch.shared_prefix`)
+        for ``model`` (loaded from ``path``, named in the message)."""
         impl = getattr(model.config, "_attn_implementation", None)
         if impl not in EXACT_ATTENTION:
             raise ValueError(f"--shared-prefix needs an attention implementation that takes a custom 4-D mask "
-                             f"({', '.join(EXACT_ATTENTION)}); this model uses {impl!r}")
+                             f"({', '.join(EXACT_ATTENTION)}); {path} uses {impl!r}")
         types = getattr(model.config, "layer_types", None) or ()
         if getattr(model.config, "use_sliding_window", False) or any("sliding" in str(t) for t in types):
-            raise ValueError("--shared-prefix: the model uses sliding-window attention, which the shared-prefix "
+            raise ValueError(f"--shared-prefix: {path} uses sliding-window attention, which the shared-prefix "
                              "mask does not reproduce")
 
     def _adamw(self, model: nn.Module) -> torch.optim.Optimizer:

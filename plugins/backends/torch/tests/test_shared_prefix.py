@@ -251,6 +251,20 @@ def test_refusals(tiny_model_dir, tiny_moe_model_dir):
         _backend(tiny_model_dir, True).forward(bad)
 
 
+def test_every_loaded_model_is_checked(tiny_model_dir, tmp_path):
+    """The frozen models (--teacher-model, --ref-load) run on the shared-prefix layout too, so a
+    teacher or reference with sliding-window attention is refused like such an actor."""
+    from relax_core.models import make_tiny_model
+
+    sliding = make_tiny_model(tmp_path / "sliding", seed=3,
+                              config={"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0})
+    with pytest.raises(ValueError, match=f"--shared-prefix: {sliding} uses sliding-window"):
+        _backend(tiny_model_dir, True, teacher_model=str(sliding)).setup()
+    with pytest.raises(ValueError, match=f"--shared-prefix: {sliding} uses sliding-window"):
+        _backend(tiny_model_dir, True, ref_load=str(sliding)).setup(needs_ref=True)
+    _backend(tiny_model_dir, False, teacher_model=str(sliding)).setup()  # the plain layout takes it
+
+
 def test_eager_attention(tiny_model_dir):
     """eager attention takes the additive float mask.  Against the plain path under sdpa (the
     plain path under eager gives NaN for left-padded samples: see the report of issue 24); eager's
