@@ -127,7 +127,7 @@ class RunConfig:
     rollout_stop: tuple[str, ...] = opt((), "Stop string (repeatable).", repeat=True, group="rollout")
     max_turns: int = opt(4, "Most model turns per episode (multi-turn environments; each turn at most --rollout-max-response-len tokens).", ge=1, group="rollout")
     max_episode_tokens: int | None = opt(None, "Most tokens per episode after the prompt, model and environment tokens together (default: no limit beyond --max-turns).", ge=1, group="rollout")
-    env_timeout: float = opt(60.0, "Seconds one environment call (an episode's start or one step) may take; past them the episode ends, counted in rollout/env_timeouts and not trained on.", gt=0, group="rollout")
+    env_timeout: float = opt(60.0, "Seconds one environment call (an episode's start or one step) may take; past them the episode ends, counted in rollout/env_timeouts and unscored (no task advantage).", gt=0, group="rollout")
     env_num_workers: int = opt(4, "Environment calls run at once (threads), each under --env-timeout; 1 = one at a time, in order.", ge=1, group="rollout")
 
     # ---- rewards

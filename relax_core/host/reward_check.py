@@ -173,14 +173,17 @@ def bad_response_probe(scorer: Any, train_data: Any, cfg: Any) -> list[str]:
                                  num_workers=cfg.reward_num_workers, prompts=[rows[c[0]]["prompt"] for c in cases])
         reference = {j: r for (j, kind, _), r in zip(cases, got) if kind == "correct"}
         flagged: dict[str, int] = {}
+        probed: dict[str, int] = {}  # rows where the bad response and the correct answer both scored
         for (j, kind, _), r in zip(cases, got):
-            if kind != "correct" and r is not None and reference.get(j) is not None and r >= reference[j]:
-                flagged[kind] = flagged.get(kind, 0) + 1
+            if kind != "correct" and r is not None and reference.get(j) is not None:
+                probed[kind] = probed.get(kind, 0) + 1
+                if r >= reference[j]:
+                    flagged[kind] = flagged.get(kind, 0) + 1
         if stats["reward_errors"] or stats["reward_timeouts"]:
             warnings.append(f"reward scorer '{name}': {stats['reward_errors']} error(s) and {stats['reward_timeouts']} "
                             f"timeout(s) (--reward-timeout {cfg.reward_timeout} s) scoring the bad-response probe")
         if flagged:
-            which = ", ".join(f"{kind} ({n} of {len(reference)} prompts)" for kind, n in flagged.items())
+            which = ", ".join(f"{kind} ({n} of {probed[kind]} prompts)" for kind, n in flagged.items())
             warnings.append(f"model-based reward scorer '{name}' scores known-bad responses as high as a correct "
                             f"answer ('The answer is <label>.'): {which}; the policy can learn to game it: check "
                             f"the model, or combine it with a rule scorer (e.g. --reward math --reward {name} "

@@ -295,7 +295,7 @@ class EpisodeRunner:
                                                                                           score=s)))
                                            for e, s in zip(stepped, scores)])
             for e, reply in zip(stepped, replies):
-                if e.fault is not None:  # raised or hung: no reward, not scored, not trained on
+                if e.fault is not None:  # raised or hung: no reward, not scored (task advantage 0)
                     e.end, e.rewards = e.fault, []
                     for p in e.parts:
                         p.reward = None

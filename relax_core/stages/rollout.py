@@ -50,7 +50,7 @@ from relax_core.evaluation.metrics import sample_metrics
 from relax_core.numerics import ZERO_STD_TOL, group_stats
 from relax_core.sampling import PromptResults
 from relax_core.stages.episodes import episode_metrics, single_turn_runner
-from relax_core.stages.reward_mix import step_metrics
+from relax_core.stages.reward_mix import is_count, step_metrics
 from relax_core.stages.rewarding import apply_processors, mean_over_rounds
 
 
@@ -327,15 +327,20 @@ class Rollout:
                 batch = self.generate(self.data.rows, indices, cfg.n_samples_per_prompt,
                                       self.sampling(sampling_seed(cfg.seed, step, r)),
                                       group_offset=(step * rounds + r) * cfg.rollout_batch_size)
-                for k, v in self.episodes.metrics.items():  # an environment's scored turns and faults
-                    metrics[k] = metrics.get(k, 0.0) + v
+                turn_counts = {k: v for k, v in self.episodes.metrics.items() if is_count(k)}  # its scored turns'
+                for k, v in self.episodes.metrics.items():  # an environment's faults
+                    if k not in turn_counts:
+                        metrics[k] = metrics.get(k, 0.0) + v
             t_gen += time.monotonic() - t0
             gen_tokens += int(batch.response_lengths.sum())
             if not cfg.load_debug_rollout_data:
                 t0 = time.monotonic()
                 batch, score_metrics = self.score(batch)
                 metrics["perf/reward_time"] = metrics.get("perf/reward_time", 0.0) + time.monotonic() - t0
-                score_rounds.append(score_metrics)
+                # the scorer's counts of the round: its turn scoring's (environments that score
+                # turns) plus the final scoring's; step_metrics sums them over the rounds
+                score_rounds.append({**score_metrics, **{k: score_metrics.get(k, 0.0) + v
+                                                         for k, v in turn_counts.items()}})
                 self.sampler.observe(PromptResults(batch.prompt_index, batch.rewards, batch.group_index))
             if cfg.save_debug_rollout_data and r == 0:
                 batch.save(replay_path(cfg.save_debug_rollout_data, step))

@@ -180,6 +180,9 @@ def test_bad_response_probe_warns_about_a_gullible_model_reward_listing_what_foo
     assert "bare label (1 of 1 prompts)" in w
     (w,) = _probe("gullible_factory", ["What is 3 + 4?"], system_prompt="Explain your answer.")
     assert "bare label (1 of 1 prompts)" in w
+    # the bare label is probed only where the prompt asks for reasoning: counted out of those rows
+    (w,) = _probe("gullible_factory", ["What is 3 + 4? Think step by step.", "What is 3 + 4?"])
+    assert "empty (2 of 2 prompts)" in w and "bare label (1 of 1 prompts)" in w
 
 
 def test_bad_response_probe_is_quiet_for_a_discerning_model_and_skips_rule_scorers():

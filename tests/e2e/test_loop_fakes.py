@@ -420,3 +420,23 @@ def test_evaluation_samples_with_its_own_settings(tmp_path, monkeypatch):
     tr = spying(make_trainer(tmp_path / "b", rollout_temperature=0.9, rollout_top_p=0.8)[0])
     tr.source.rollout.evaluate(tr.source.rollout.data, 0)
     assert seen == [(0.9, 0.8, 6, 2)]
+
+
+def test_an_environments_turn_scoring_counts_reach_the_step_metrics(tmp_path, monkeypatch):
+    """An environment that scores its turns (scores_turns: the runner calls the scorer) reports
+    the scorer's counts in the runner's metrics; the step's rollout/reward_errors (and a
+    scorer's own counts) are those plus the final scoring's, not overwritten by the latter."""
+    tr, _ = make_trainer(tmp_path, num_rollout=1)
+    runner = tr.source.rollout.episodes
+    real = runner.generate
+
+    def with_turn_counts(*args, **kwargs):
+        out = real(*args, **kwargs)
+        runner.metrics.update({"rollout/reward_errors": 3.0, "rollout/reward/judge/invalid": 2.0})
+        return out
+
+    monkeypatch.setattr(runner, "generate", with_turn_counts)
+    assert tr.run() == EXIT_OK
+    (rec,) = read_metrics(tmp_path / "runs" / "r")
+    assert rec["rollout/reward_errors"] == 3.0  # count_sevens itself never fails
+    assert rec["rollout/reward_timeouts"] == 0.0 and rec["rollout/reward/judge/invalid"] == 2.0

@@ -117,6 +117,8 @@ class TorchBackend:
         self.temperature = config.rollout_temperature if config.rollout_temperature > 0 else 1.0
         self.tokenizer = load_tokenizer(config.model)
         self.pad_token_id = self.tokenizer.pad_token_id
+        self.shared_prefix = bool(getattr(params, "shared_prefix", True))
+        self.packing = bool(getattr(params, "packing", True))
         actor = self._load(config.model)
         self.peft = add_adapter(actor, config) if config.lora_rank else None  # peft.PeftModel around actor
         if config.gradient_checkpointing:
@@ -126,16 +128,15 @@ class TorchBackend:
         self.steps: dict[str, int] = {"actor": 0}
         self.needs_top_k = False
         self.routing_replay = False
-        self.shared_prefix = bool(getattr(params, "shared_prefix", True))
-        self.packing = bool(getattr(params, "packing", True))
-        if self.shared_prefix or self.packing:
-            self._fall_back(self._inexact_layout(actor))
 
     # ------------------------------------------------------------------ setup
     def _load(self, path: str) -> nn.Module:
+        """Load a model of any role (actor, ref, teacher, critic's base): every one runs on
+        the same input layout, so each is checked for it (:meth:`_inexact_layout`)."""
         m = load_model(path, dtype=self.dtype, device=self.device)
         _disable_dropout(m)
         self._check_head(m)
+        self._fall_back(self._inexact_layout(m, path))
         return m
 
     @staticmethod
@@ -152,16 +153,16 @@ class TorchBackend:
                                       "hidden states (soft-capping or scaling); the torch backend cannot train it")
 
     @staticmethod
-    def _inexact_layout(model: nn.Module) -> str | None:
+    def _inexact_layout(model: nn.Module, path: str = "the model") -> str | None:
         """Why the shared-prefix and packed layouts (:mod:`relax_torch.layout`) would not be
-        exact for ``model``, or None."""
+        exact for ``model`` (loaded from ``path``, named in the reason), or None."""
         impl = getattr(model.config, "_attn_implementation", None)
         if impl not in EXACT_ATTENTION:
             return (f"they need an attention implementation that takes a custom 4-D mask "
-                    f"({', '.join(EXACT_ATTENTION)}); this model uses {impl!r}")
+                    f"({', '.join(EXACT_ATTENTION)}); {path} uses {impl!r}")
         types = getattr(model.config, "layer_types", None) or ()
         if getattr(model.config, "use_sliding_window", False) or any("sliding" in str(t) for t in types):
-            return "the model uses sliding-window attention, which their mask does not reproduce"
+            return f"{path} uses sliding-window attention, which their mask does not reproduce"
         return None
 
     def _fall_back(self, reason: str | None) -> None:

@@ -332,6 +332,28 @@ def test_fall_backs_and_refusals(tiny_model_dir, tiny_moe_model_dir):
         _backend(tiny_model_dir, True).forward(bad)
 
 
+def test_every_loaded_model_is_checked(tiny_model_dir, tmp_path):
+    """The frozen models (--teacher-model, --ref-load) run on the backend's one layout too, so a
+    teacher or reference with sliding-window attention turns the shared-prefix layout off (with
+    a warning naming it) as such an actor does."""
+    import warnings
+
+    from relax_core.models import make_tiny_model
+
+    sliding = make_tiny_model(tmp_path / "sliding", seed=3,
+                              config={"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0})
+    for cfg, roles in ((dict(teacher_model=str(sliding)), {}), (dict(ref_load=str(sliding)), dict(needs_ref=True))):
+        be = _backend(tiny_model_dir, True, **cfg)
+        assert be.shared_prefix
+        with pytest.warns(UserWarning, match=f"--shared-prefix off .*{sliding} uses sliding-window"):
+            be.setup(**roles)
+        assert not be.shared_prefix
+    be = _backend(tiny_model_dir, False, teacher_model=str(sliding))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the plain layout takes it without a word
+        be.setup()
+
+
 def test_eager_attention(tiny_model_dir):
     """eager attention takes the additive float mask.  Against the plain path under sdpa (the
     plain path under eager gives NaN for left-padded samples: see the report of issue 24); eager's

@@ -10,8 +10,9 @@ Relax's (:mod:`relax_core.environments`) and the mapping:
 
 - **seed**: ``s`` = the first 4 bytes of SHA-256 of the row's prompt text, so a group's
   episodes (the same prompt, ``--n-samples-per-prompt``) play the same instance (the same
-  map, the same start; slippery transitions still differ with the draws) and a run is
-  reproducible.  The prompt text says which task to play; any data set works (its labels
+  map, the same start, and the same random draws: ``reset(seed=s)`` also seeds the
+  environment's generator, so episodes that take the same actions follow the same
+  trajectory, slippery transitions included) and a run is reproducible.  The prompt text says which task to play; any data set works (its labels
   are unused).
 - **prompt** (:meth:`Gymnasium.prompt`): the row's prompt, then how to answer (the action
   names) and the initial observation of ``reset(seed=s)``.

@@ -55,6 +55,25 @@ def test_seed_is_the_prompts():
     assert len({env.prompt(f"deal {i}").split("\n\n")[-1] for i in range(8)}) > 1
 
 
+
+def test_a_groups_episodes_share_the_random_draws():
+    """reset(seed) seeds the transitions too: on the slippery lake, episodes of one prompt that
+    take the same actions see the same observations (the module docstring's claim)."""
+    env = _spec().build(_spec().params(kwargs='{"is_slippery": true}'))
+
+    def play(prompt):
+        ep = env.start({"prompt": prompt, "label": None, "metadata": {}})
+        out = []
+        for k in range(6):
+            r = ep.step(Turn(text="down", index=k))
+            out.append(r.messages[0]["content"] if r.messages else "done")
+            if r.done:
+                break
+        return out
+
+    assert play("Cross the lake.") == play("Cross the lake.")
+    assert len({tuple(play(f"lake {i}")) for i in range(8)}) > 1  # other prompts, other draws
+
 def test_bad_parameters_are_refused_at_startup():
     p = _spec().params
     assert p().problems() == []
