@@ -13,7 +13,8 @@ default (plain padded layout, float32).  Rollout is not part of this benchmark.
 
 Per configuration it also reports the padding fraction of the training forward (positions
 holding no token), the peak RSS of a fresh process running one step of it alone
-(``ru_maxrss``; with its parts: after loading the model, after the first step, whose AdamW
+(``VmHWM``, not ``ru_maxrss``, which in a forked child counts the parent's RSS at the
+fork; with its parts: after loading the model, after the first step, whose AdamW
 state then exists), and for ``bf16`` the log-prob mismatch against the float32 forward (the
 float32 hf engine's log-probs are the float32 trainer's): mean and max of
 ``|log p_fp32 − log p_bf16|`` over the response tokens.
@@ -27,7 +28,6 @@ import argparse
 import dataclasses
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -93,7 +93,9 @@ def rss_gib() -> float:
 
 
 def peak_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    """This process's peak RSS (``VmHWM``: its own address space's high-water mark)."""
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 2**20  # KiB
 
 
 def model_path(name: str) -> str:
