@@ -37,23 +37,10 @@ from pathlib import Path
 import torch
 
 from relax_core.config import RunConfig
-from step_speed import Loss, workload
+from step_speed import Loss, model_path, peak_gib, rss_gib, train_step, workload
 
-GIB = 1024 ** 3
 #: bytes per parameter of the rollout engine's copy of the weights (float32), on one machine
 ENGINE_BYTES = 4
-
-
-def model_path(name: str) -> str:
-    if name == "tiny":
-        from relax_core.models import make_tiny_model
-
-        return str(make_tiny_model(tempfile.mkdtemp(prefix="lora-bench-"), seed=0))
-    if name == "default":
-        from relax_core.models import ensure_default_model
-
-        return str(ensure_default_model())
-    return name
 
 
 def backend(path: str, rank: int):
@@ -62,13 +49,6 @@ def backend(path: str, rank: int):
 
     cfg = RunConfig(model=path, lr=1e-5, lora_rank=rank, lora_alpha=2 * rank)
     return TorchBackend(TorchBackendParams(), cfg)
-
-
-def step(be, batch, loss) -> None:
-    be.forward(batch)
-    be.accumulate_gradients(batch, loss)
-    be.apply_gradients(lr=1e-5)
-    be.zero_grad()
 
 
 def state_bytes(be) -> tuple[int, int, int]:
@@ -86,25 +66,16 @@ def state_bytes(be) -> tuple[int, int, int]:
     return trained, frozen, base
 
 
-def _status_bytes(key: str) -> int:
-    """``/proc/self/status``'s ``key`` (``VmRSS``, ``VmHWM``) in bytes."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
 def rss_child(path: str, rank: int, steps: int, shape: dict) -> None:
-    """Run in a subprocess: print the peak RSS growth (bytes) of building the backend and training."""
-    base = _status_bytes("VmRSS")
+    """Run in a subprocess: print the peak RSS growth (GiB) of building the backend and training."""
+    base = rss_gib()
     torch.manual_seed(0)
     batch = workload(**shape)
     loss = Loss(float(batch.loss_mask.sum()))
     be = backend(path, rank)
     for _ in range(steps):
-        step(be, batch, loss)
-    peak = _status_bytes("VmHWM")
-    print(json.dumps({"peak_growth": peak - base}))
+        train_step(be, batch, loss)
+    print(json.dumps({"peak_growth": peak_gib() - base}))
 
 
 def checkpoint_bytes(be) -> int:
@@ -141,7 +112,7 @@ def main() -> None:
     for r in range(a.repeats + 1):
         for name, be in sides.items():
             t = time.perf_counter()
-            step(be, batch, loss)
+            train_step(be, batch, loss)
             if r:  # the first round warms up
                 times[name].append(time.perf_counter() - t)
     rows = {}
@@ -161,7 +132,7 @@ def main() -> None:
           "weights + state + engine B/param | largest model in 24 GB (no activations) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, r in rows.items():
-        print(f"| {name} | {r['step']:.3f} | {r['peak'] / GIB:.2f} | {r['ckpt'] / 2**20:.1f} | {r['state'] / 2**20:.1f} "
+        print(f"| {name} | {r['step']:.3f} | {r['peak']:.2f} | {r['ckpt'] / 2**20:.1f} | {r['state'] / 2**20:.1f} "
               f"| {r['per_param']:.2f} | {24e9 / r['per_param'] / 1e9:.2f} B params |")
     print(f"lora_step_time_ratio: {rows['lora']['step'] / rows['full']['step']:.3f}")
     if rows["full"]["peak"] > 0:  # (the tiny model of --smoke may not raise the peak the imports set)
