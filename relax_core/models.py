@@ -145,8 +145,9 @@ def ensure_default_model() -> Path:
     return target
 
 
-def resolve_model_path(model: str) -> str:
-    """Map ``--model`` to something ``from_pretrained`` accepts (a directory or a hub name).
+def resolve_model_path(model: str, flag: str = "--model") -> str:
+    """Map ``--model`` (or the model of another ``flag``, named in the error) to something
+    ``from_pretrained`` accepts (a directory or a hub name).
 
     Raises:
         ModelLoadError: a path-like name that does not exist, or a directory without
@@ -157,10 +158,10 @@ def resolve_model_path(model: str) -> str:
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ModelLoadError(f"--model {model}: directory has no config.json (not a Hugging Face model directory)")
+            raise ModelLoadError(f"{flag} {model}: directory has no config.json (not a Hugging Face model directory)")
         return str(path)
     if model.startswith(("/", ".", "~")) or path.exists():
-        raise ModelLoadError(f"--model {model}: no such directory; give a local Hugging Face model "
+        raise ModelLoadError(f"{flag} {model}: no such directory; give a local Hugging Face model "
                              f"directory, a hub name, or the default {DEFAULT_MODEL}")
     return model  # a hub name
 
@@ -196,9 +197,9 @@ def model_problem(model: str, flag: str = "--model") -> str | None:
             return str(e)
         return None
     try:
-        path = resolve_model_path(model)
+        path = resolve_model_path(model, flag)
     except ModelLoadError as e:
-        return str(e).replace("--model", flag, 1)
+        return str(e)
     if Path(path).is_dir():
         return None
     from huggingface_hub import try_to_load_from_cache
