@@ -14,8 +14,9 @@ pushing or posting ``Publisher`` of :mod:`relax_core.stages.rollout`): see :func
 Old log-probs (``train/old_logp_source``): 0 = ``detach(log π_θ)`` in the loss, used when
 there is exactly one optimizer step per rollout and nothing before the update needs them
 (a reward-side KL, a critic and a teacher's distillation term do; the trainer's weights
-*are* the old policy, so a separate forward would give the same numbers); 1 = recomputed by a forward pass before the update; 2 = the engine's rollout
-log-probs (``--use-rollout-logprobs``).
+*are* the old policy, so a separate forward would give the same numbers); 1 = recomputed
+by a forward pass before the update; 2 = the engine's rollout log-probs
+(``--use-rollout-logprobs``).
 """
 
 from __future__ import annotations

@@ -358,7 +358,9 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
     ctx, specs = resolved.context, resolved.specs
     build = lambda key, name: specs[key].build(cfg.params_for(name), cfg)  # noqa: E731
     estimator = build("estimator", cfg.advantage_estimator)
-    corrections = [build(f"correction:{c.name}", c.name) for c in ctx.corrections if not c.caps.advantage_term]
+    # advantage-term corrections (e.g. opd) act on the advantages, the others in the loss
+    loss_corrections = [c for c in ctx.corrections if not c.caps.advantage_term]
+    corrections = [build(f"correction:{c.name}", c.name) for c in loss_corrections]
     advantage_terms = [build(f"correction:{c.name}", c.name) for c in ctx.corrections if c.caps.advantage_term]
     processors = build_processors(cfg, reg)
     key = ctx.sampler.caps.row_metadata
@@ -381,7 +383,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
         from relax_core.distributed.runtime import start_ray
         from relax_core.models import load_tokenizer
 
-        runtime = start_ray(cfg, config_dict, corrections=[c.name for c in ctx.corrections if not c.caps.advantage_term],
+        runtime = start_ray(cfg, config_dict, corrections=[c.name for c in loss_corrections],
                             tokenizer=load_tokenizer(cfg.model),
                             setup={"needs_ref": needs_ref, "needs_critic": est_caps.needs_critic,
                                    "needs_top_k": top_k > 0, "routing_replay": routed})
