@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+#: the built-in estimators, each with a recipe in examples/recipes/<name>.yaml
+ESTIMATORS = ("grpo", "rloo", "ppo", "cispo", "gspo", "sapo", "m2po", "reinforce_plus_plus",
+              "reinforce_plus_plus_baseline")
+
 
 @pytest.fixture(scope="session")
 def prompts_file(tmp_path_factory) -> Path:

@@ -11,11 +11,11 @@ import math
 
 import pytest
 from conftest import ROOT, run_train, tiny_args
+from train_helpers import ESTIMATORS
 
 from relax_core.reporting.metrics import read_metrics
 
 LORA = ("--lora-rank", "4", "--lora-alpha", "8", "--no-save-hf", "--num-rollout", "1")
-ESTIMATORS = ("grpo", "rloo", "ppo", "cispo", "gspo", "sapo", "m2po", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 CASES = [pytest.param(("--config", str(ROOT / "examples" / "recipes" / f"{e}.yaml")), id=e) for e in ESTIMATORS] + [
     pytest.param(("--correction", "tis"), id="tis"),
     pytest.param(("--correction", "icepop"), id="icepop"),

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from train_helpers import ESTIMATORS
 from typer.testing import CliRunner
 
 from relax_core.config import build_config, load_yaml
@@ -14,7 +15,6 @@ from relax_core.host.plugins import default_registry
 from relax_core.host.validation import resolve
 
 RECIPES = Path(__file__).resolve().parents[2] / "examples" / "recipes"
-ESTIMATORS = ("grpo", "rloo", "ppo", "cispo", "gspo", "sapo", "m2po", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
 
 def _cfg(name: str):

@@ -10,11 +10,10 @@ import math
 
 import pytest
 from conftest import ROOT, run_train, tiny_args
+from train_helpers import ESTIMATORS
 
 from relax_core.reporting.metrics import read_metrics
 from relax_core.host.plugins import default_registry
-
-ESTIMATORS = ("grpo", "rloo", "ppo", "cispo", "gspo", "sapo", "m2po", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
 
 @pytest.mark.parametrize("name", ESTIMATORS)
