@@ -219,7 +219,8 @@ class EstimatorCapabilities:
     distillation's ``−coef·(log π_old − log π_teacher)``): its policy loss treats each token's
     advantage on its own (a token-level ratio or REINFORCE), and nothing it computes from the
     advantages before the loss would go stale.  Required by corrections that declare
-    ``advantage_term``."""
+    ``advantage_term``.  The contract kit verifies it: a term added at one token per response
+    changes the gradient w.r.t. ``log_probs`` at those tokens and nowhere else."""
     uses_turn_rewards: bool = False
     """Reads the per-turn rewards (``turn_rewards``) of environments that give them;
     otherwise it trains on each episode's return (their sum, ``rewards``)."""

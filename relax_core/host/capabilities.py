@@ -320,7 +320,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(E, "supports_loss_mask_holes", "mask holes", "Correct with holes in loss_mask (environment tokens inside an episode; verified by the contract kit); needed by multi-turn environments.",
                lambda ctx, c: f"is not declared correct with holes in loss_mask, which the episodes of multi-turn environment '{ctx.multi_turn_environment}' have (its environment tokens)" if ctx.multi_turn_environment and not c.supports_loss_mask_holes else None,
                "choose an estimator whose `mask holes` column says yes (`relax capabilities --kind estimator`), or --environment single_turn"),
-    Capability(E, "accepts_advantage_terms", "adv terms", "Correct with a per-token term added to its advantages (a correction's advantage_term, e.g. opd's distillation term).",
+    Capability(E, "accepts_advantage_terms", "adv terms", "Correct with a per-token term added to its advantages (a correction's advantage_term, e.g. opd's distillation term; verified by the contract kit: the term moves the gradient at its own token only).",
                lambda ctx, c: f"cannot take a per-token advantage term, which correction {', '.join(repr(x) for x in t)} adds to its advantages" if not c.accepts_advantage_terms and (t := [x.name for x in ctx.corrections if x.caps.advantage_term]) else None,
                "choose an estimator whose `adv terms` column says yes (every built-in one but gspo; `relax capabilities --kind estimator`), or drop that --correction"),
     Capability(E, "uses_turn_rewards", "turn rewards", "Reads per-turn rewards (turn_rewards); otherwise trains on each episode's return, their sum.",

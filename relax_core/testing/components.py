@@ -270,6 +270,9 @@ def check_estimator(spec: Any, params: Any, caps: Any, cfg: Any, checks: Checks,
     if caps.supports_loss_mask_holes:
         with checks.check("supports_loss_mask_holes: environment tokens inside responses change nothing"):
             _check_holes(est, batch, adv, cfg)
+    if caps.accepts_advantage_terms:
+        with checks.check("accepts_advantage_terms: a per-token advantage term is credit at its own token"):
+            _check_advantage_terms(est, batch, adv, cfg)
     if caps.needs_critic:
         with checks.check("value_loss"):
             mode, norm = _reduction(cfg)
@@ -314,6 +317,19 @@ def _check_holes(est: Any, batch: SyntheticBatch, adv: Tensor, cfg: Any) -> None
     _same(l_holed, l_compact, None, "reduced loss with holes")
     _grad_ok(g_holed, mask, "log_probs with holes")
     _same(g_holed[:, dest], g_compact, None, "gradient w.r.t. log_probs at the model tokens, with holes")
+
+
+def _check_advantage_terms(est: Any, batch: SyntheticBatch, adv: Tensor, cfg: Any) -> None:
+    """A term added to the advantage of one token per response (the first valid one, as a
+    correction's ``advantage_term`` would) changes the gradient w.r.t. ``log_probs`` at those
+    tokens and nowhere else: the policy loss treats each token's advantage on its own."""
+    b = batch.variant(False)
+    mask = b.loss_mask
+    touched = mask & (mask.cumsum(1) == 1)
+    _, _, g0 = policy_loss_value_and_grad(est, b, adv, cfg)
+    _, _, g1 = policy_loss_value_and_grad(est, b, adv + torch.where(touched, 0.5, 0.0), cfg)
+    _same(g1, g0, mask & ~touched, "gradient w.r.t. log_probs away from the tokens whose advantage the term changed")
+    require((g1 - g0)[touched].abs().max() > 1e-6, "a per-token advantage term changes the gradient at no token")
 
 
 # --------------------------------------------------------------------------- context parallel

@@ -107,6 +107,9 @@ class ToyReinforce:
     def policy_loss(self, inp):
         mask = inp.loss_mask.bool()
         adv = masked_fill_zero(inp.advantages, mask)
+        if self.variant == "seq_adv":  # the sequence's mean advantage at every token (GSPO-like credit)
+            n = mask.sum(-1, keepdim=True).clamp(min=1)
+            adv = masked_fill_zero((adv.sum(-1, keepdim=True) / n).expand(mask.shape), mask)
         if self.variant == "nan_leak":  # no masking before exp: NaN reaches the gradient
             log_ratio = inp.log_probs - inp.old_log_probs
         else:
@@ -138,6 +141,10 @@ def build_metric_garbage(params, config):
 
 def build_seq_ratio_local(params, config):
     return ToyReinforce("seq_ratio_local")
+
+
+def build_seq_adv(params, config):
+    return ToyReinforce("seq_adv")
 
 
 def build_length_adv(params, config):

@@ -204,6 +204,25 @@ def test_contract_kit_verifies_mask_holes_and_one_turn_declarations():
         check_contract(chatty)
 
 
+def test_contract_kit_verifies_accepts_advantage_terms():
+    """A per-token advantage term must stay credit at its own token: a loss that uses each
+    sequence's mean advantage passes every check until it declares accepts_advantage_terms;
+    the token-local toy passes with it."""
+    from relax_core import EstimatorCapabilities, EstimatorSpec
+    from relax_core.testing import check_contract
+
+    def toy(factory, accepts):
+        caps = EstimatorCapabilities(sync_only=False, supports_fully_async=True, min_group_size=2,
+                                     behaviour_numerator="old_log_probs", accepts_advantage_terms=accepts)
+        return EstimatorSpec(name="toy", summary="toy", source="tests", capabilities=caps,
+                             factory=f"relax_core_test_toys:{factory}")
+
+    check_contract(toy("build_seq_adv", False), distributed=False)
+    with pytest.raises(AssertionError, match="accepts_advantage_terms.*away from the tokens whose advantage"):
+        check_contract(toy("build_seq_adv", True), distributed=False)
+    check_contract(toy("build_toy_reinforce", True), distributed=False)
+
+
 def test_scored_turns_reach_the_environment_and_their_counts_are_kept(tokenizer):
     """retry with a scorer that fails on one sample per call: the failures are counted over
     the turns, and the unscored (None) turn counts as wrong."""
