@@ -274,6 +274,23 @@ def load_tokenizer(model: str) -> Any:
     return tok
 
 
+def embedding_rows(model: str) -> int:
+    """Rows of ``--model``'s input embedding (its config's ``vocab_size``, which may exceed
+    the tokenizer's length: padded vocabularies), read from ``config.json`` without loading
+    weights.
+
+    Raises:
+        ModelLoadError: the model cannot be found or its config read.
+    """
+    from transformers import AutoConfig
+
+    path = resolve_model_path(model)
+    try:
+        return int(AutoConfig.from_pretrained(path).vocab_size)
+    except (OSError, ValueError) as e:
+        raise _hub_error(model, e) from e
+
+
 def _dtype(dtype: Any) -> Any:
     import torch
 

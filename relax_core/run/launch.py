@@ -209,20 +209,27 @@ def preflight(cfg: Any, resolved: Any, reg: Any) -> Preflight:
 
 def teacher_problems(cfg: Any, model_failed: bool) -> list[str]:
     """``--teacher-model``: it can load (:func:`relax_core.models.model_problem`), and its
-    tokenizer is ``--model``'s (:func:`relax_core.models.tokenizer_difference`), compared
-    before any weights load (``model_failed``: ``--model`` itself cannot load, so there is
-    nothing to compare with)."""
-    from relax_core.models import load_tokenizer, model_problem, tokenizer_difference
+    tokenizer is ``--model``'s (:func:`relax_core.models.tokenizer_difference`), and its
+    embedding has a row for every id the student can sample (padded vocabularies differ in
+    one family: Qwen2.5-0.5B has 151,936 rows, Qwen2.5-7B 152,064), compared before any
+    weights load (``model_failed``: ``--model`` itself cannot load, so there is nothing to
+    compare with)."""
+    from relax_core.models import embedding_rows, load_tokenizer, model_problem, tokenizer_difference
 
     problem = model_problem(cfg.teacher_model, flag="--teacher-model")
     if problem or model_failed:
         return [problem] if problem else []
     diff = tokenizer_difference(load_tokenizer(cfg.model), load_tokenizer(cfg.teacher_model))
-    if diff is None:
-        return []
-    return [f"--teacher-model {cfg.teacher_model}: its tokenizer is not --model's ({diff}; student first); the "
-            "teacher scores the student's token ids, so both must share one tokenizer: choose a teacher of the "
-            "student's model family (same vocabulary and chat-template special tokens)"]
+    if diff is not None:
+        return [f"--teacher-model {cfg.teacher_model}: its tokenizer is not --model's ({diff}; student first); the "
+                "teacher scores the student's token ids, so both must share one tokenizer: choose a teacher of the "
+                "student's model family (same vocabulary and chat-template special tokens)"]
+    student, teacher = embedding_rows(cfg.model), embedding_rows(cfg.teacher_model)
+    if teacher < student:
+        return [f"--teacher-model {cfg.teacher_model}: its embedding has {teacher} rows, fewer than --model's "
+                f"{student}, so a sampled id in {teacher}..{student - 1} (a padding row) would have no teacher "
+                "log-prob: choose a teacher whose vocab_size is at least the student's"]
+    return []
 
 
 def prepare_run_dir(cfg: Any, run_dir: Path, fresh: bool) -> None:

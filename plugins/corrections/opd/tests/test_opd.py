@@ -169,6 +169,28 @@ def test_teacher_with_another_tokenizer_exits_2_before_weights_load(tiny_model_d
         "or the default smollm2-135m-instruct"]
 
 
+def test_teacher_with_fewer_embedding_rows_is_refused(tiny_model_dir, tmp_path):
+    """Same tokenizer, but the student's padded vocabulary is larger than the teacher's: an
+    id the student can sample would index past the teacher's embedding."""
+    import json
+    import shutil
+
+    from relax_core.run.launch import teacher_problems
+
+    student = tmp_path / "student"
+    shutil.copytree(tiny_model_dir, student)
+    config = json.loads((student / "config.json").read_text())
+    rows = config["vocab_size"]
+    config["vocab_size"] = rows + 64
+    (student / "config.json").write_text(json.dumps(config))
+    assert teacher_problems(RunConfig(model=str(student), teacher_model=str(tiny_model_dir)), model_failed=False) == [
+        f"--teacher-model {tiny_model_dir}: its embedding has {rows} rows, fewer than --model's {rows + 64}, so a "
+        f"sampled id in {rows}..{rows + 63} (a padding row) would have no teacher log-prob: choose a teacher whose "
+        "vocab_size is at least the student's"]
+    # a teacher with more rows than the student is fine (a larger model of the family)
+    assert teacher_problems(RunConfig(model=str(tiny_model_dir), teacher_model=str(student)), model_failed=False) == []
+
+
 # --------------------------------------------------------------------------- runs of the real loop
 
 
