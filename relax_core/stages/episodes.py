@@ -55,6 +55,7 @@ from torch.nn.utils.rnn import pad_sequence
 from relax_core.batch import FIELDS, PAD_TOKEN
 from relax_core.contracts import GenerationOutput, SamplingParams
 from relax_core.environments import EPISODE_ENDS, Reply, SingleTurn, Turn
+from relax_core.stages.reward_mix import is_count
 
 log = logging.getLogger("relax.episodes")
 
@@ -288,8 +289,9 @@ class EpisodeRunner:
                 scores, counts = self.score([eps[i].last_text for i, _ in stepping],
                                             [rows[i]["label"] for i, _ in stepping],
                                             [rows[i]["metadata"] for i, _ in stepping], [prompts[i] for i, _ in stepping])
-                for name, v in counts.items():
-                    self.metrics[name] = self.metrics.get(name, 0.0) + v
+                for name, v in counts.items():  # counts add up over turns; per-scorer means of a turn are
+                    if is_count(name):          # not the step's (its final scoring gives those)
+                        self.metrics[name] = self.metrics.get(name, 0.0) + v
             stepped = [eps[i] for i, _ in stepping]
             replies = self._call(stepped, [lambda e=e, s=s: _checked(e.episode.step(Turn(text=e.last_text, index=k,
                                                                                           score=s)))

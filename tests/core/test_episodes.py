@@ -225,14 +225,16 @@ def test_contract_kit_verifies_accepts_advantage_terms():
 
 def test_scored_turns_reach_the_environment_and_their_counts_are_kept(tokenizer):
     """retry with a scorer that fails on one sample per call: the failures are counted over
-    the turns, and the unscored (None) turn counts as wrong."""
+    the turns, and the unscored (None) turn counts as wrong.  A composite scorer's per-part
+    mean of a turn is not summed over the turns (nor kept: the final scoring gives it)."""
     from relax_retry.retry import Retry
 
     calls = []
 
     def score(texts, labels, metadata, prompts):
         calls.append(texts)
-        return [None] + [1.0] * (len(texts) - 1), {"rollout/reward_errors": 1.0}
+        return [None] + [1.0] * (len(texts) - 1), {"rollout/reward_errors": 1.0, "rollout/reward/math": 0.75,
+                                                   "rollout/reward/math/invalid": 1.0}
 
     engine = ScriptedEngine(tokenizer, {100: [[1010, EOS], [1011, EOS], [1012, EOS]], 101: [[1020, EOS]]})
     runner = EpisodeRunner(engine, Retry(3, 0.5, 1.0, "again"), ReplyRenderer(tokenizer, True), max_turns=3,
@@ -242,7 +244,7 @@ def test_scored_turns_reach_the_environment_and_their_counts_are_kept(tokenizer)
     # turn 0: 100 unscored (wrong: feedback), 101 right (reward 1 · 0.5⁰); turns 1, 2: 100 alone, unscored,
     # the last attempt ends it without a reward (the run's scorer then scores its last answer)
     assert out.num_turns.tolist() == [3, 1] and [len(c) for c in calls] == [2, 1, 1]
-    assert runner.metrics == {"rollout/reward_errors": 3.0}
+    assert runner.metrics == {"rollout/reward_errors": 3.0, "rollout/reward/math/invalid": 3.0}
     assert math.isnan(out.env_rewards[0]) and out.env_rewards[1] == 1.0
     assert [EPISODE_ENDS[int(e)] for e in out.episode_end] == ["env_done", "env_done"]
 
