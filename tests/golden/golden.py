@@ -20,7 +20,21 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DATA = HERE / "data"
+def _cpu_vendor() -> str:
+    """``vendor_id`` of /proc/cpuinfo (``GenuineIntel``, ``AuthenticAMD``), or ``""``."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+#: the recorded runs: ``data/<cpu vendor>/`` where one was recorded on that kind of CPU
+#: (another vendor's kernels round differently, and the sampled tokens then diverge), else
+#: ``data/`` (recorded before the core redesign, on the first development machine)
+DATA = HERE / "data" / _cpu_vendor() if _cpu_vendor() and (HERE / "data" / _cpu_vendor()).is_dir() else HERE / "data"
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 

@@ -1,5 +1,7 @@
 """The golden runs (see ``golden.py``): each case's ``metrics.jsonl`` equals the one
-recorded before the core redesign.  Local cases within ``REL_TOL`` (bit-equal on the
+recorded before the core redesign (``data/``), or on CPUs of another vendor the one
+recorded on such a CPU (``data/<vendor_id>/``: AuthenticAMD, recorded at 89f4016, where the
+runs of data/ diverge in their sampled tokens from step 2).  Local cases within ``REL_TOL`` (bit-equal on the
 recording machine), Ray cases within ``RAY_TOL`` (actors run in other processes whose
 thread pools may sum in another order).  ``grpo`` and ``tis`` run in the fast suite; the
 rest are marked slow."""
