@@ -376,6 +376,11 @@ class EnvironmentCapabilities:
     max_context: int | None = None
     """The most tokens (prompt + episode) it is designed for; ``None`` = no limit of its own.
     A run whose longest possible episode exceeds it is refused."""
+    max_step_seconds: float | None = None
+    """The longest one ``start`` or ``step`` call may take within its own limits (e.g. the
+    ``tools`` environment: python calls per turn × seconds per call); ``None`` = unbounded or
+    negligible.  A run whose ``--env-timeout`` is not longer is refused: every call that used
+    its own limit would end its episode as ``env_timeout`` instead of returning."""
 
 
 # --------------------------------------------------------------------------- specs

@@ -425,6 +425,9 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(V, "scores_turns", "scores turns", "Receives the run's scorer's score of every model turn."),
     Capability(V, "max_context", "max context", "The most tokens per episode it is designed for (needs --max-episode-tokens at most that).",
                _max_context, "set --max-episode-tokens to at most the environment's max context"),
+    Capability(V, "max_step_seconds", "max step s", "The longest one environment call may take within its own limits (needs a longer --env-timeout).",
+               lambda ctx, c: f"may take {c.max_step_seconds:g} s in one call within its own limits, but --env-timeout is {ctx.cfg.env_timeout:g} s, so such a call would end its episode as env_timeout" if c.max_step_seconds is not None and c.max_step_seconds >= ctx.cfg.env_timeout else None,
+               "raise --env-timeout above that, or lower the environment's own limits (its parameters: `relax plugins show <environment>`)"),
 )
 
 

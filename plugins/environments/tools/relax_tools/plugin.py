@@ -13,6 +13,7 @@ class ToolsParams:
     python_memory: int = param(1024, "python tool: MiB of address space per call (RLIMIT_AS).", ge=64)
     python_output: int = param(4096, "python tool: characters of output kept per call; past them the "
                                      "program is stopped.", ge=16)
+    max_calls: int = param(4, "Tool calls run per model turn; the calls after them get an error result.", ge=1)
 
     def problems(self) -> list[tuple[str, str]]:
         """Unknown tool names, and ``python`` where no sandbox can be set up (a probe call in
@@ -43,5 +44,13 @@ def relax_register_environments():
                "chat templates); ReAct-style tool use (Yao et al. 2023)",
         factory="relax_tools.tools:build",
         params=ToolsParams,
-        capabilities=EnvironmentCapabilities(multi_turn=True, tool_format="hermes"),
+        capabilities=_capabilities,
     )]
+
+
+def _capabilities(p: ToolsParams) -> EnvironmentCapabilities:
+    """A turn's calls run one after another, so a step takes up to ``max_calls`` python calls
+    of ``python_timeout`` seconds each (the sandbox's start-up aside); the calculator is instant."""
+    slow = "python" in p.names()
+    return EnvironmentCapabilities(multi_turn=True, tool_format="hermes",
+                                   max_step_seconds=p.max_calls * p.python_timeout if slow else None)

@@ -88,23 +88,29 @@ class Tools:
         names = params.names()
         self.tools = {n: (TOOLS[n][0](params), TOOLS[n][1]) for n in names}
         self.suffix = instructions(names) if params.instructions else ""
+        self.max_calls = params.max_calls
 
     def prompt(self, text: str) -> str:
         return text + self.suffix
 
     def start(self, row: dict) -> "ToolsEpisode":
-        return ToolsEpisode(self.tools)
+        return ToolsEpisode(self.tools, self.max_calls)
 
 
 class ToolsEpisode:
-    def __init__(self, tools: dict[str, tuple[Callable[..., str], dict]]):
+    def __init__(self, tools: dict[str, tuple[Callable[..., str], dict]], max_calls: int):
         self.tools = tools
+        self.max_calls = max_calls
 
     def step(self, turn: Turn) -> Reply:
+        """One ``tool`` message per call of the turn: the first ``max_calls`` are run, the rest
+        answered with an error (so that a step stays within ``--env-timeout``)."""
         calls = tool_calls(turn.text)
         if not calls:
             return Reply(done=True)
-        return Reply(messages=tuple({"role": "tool", "content": run_call(c, self.tools)} for c in calls))
+        over = f"error: not run, at most {self.max_calls} tool calls per turn (--tools-max-calls)"
+        return Reply(messages=tuple({"role": "tool", "content": run_call(c, self.tools) if i < self.max_calls else over}
+                                    for i, c in enumerate(calls)))
 
 
 def build(params, config) -> Tools:

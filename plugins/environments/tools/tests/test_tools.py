@@ -92,3 +92,37 @@ def test_python_without_a_sandbox_is_refused_at_startup(monkeypatch):
     (msg, fix), = _spec().params(use="python").problems()
     assert msg == "--tools-use python: the python tool's sandbox (/bin/false) does not work here: exit status 1"
     assert "user namespaces" in fix
+
+
+def test_calls_past_max_calls_are_not_run():
+    env = _spec().build(_spec().params(max_calls=2))
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "%d+1"}}</tool_call>'
+    reply = env.start({"prompt": "Q", "label": "", "metadata": {}}).step(Turn(text=" ".join(call % i for i in range(3)),
+                                                                             index=0))
+    assert [m["content"] for m in reply.messages] == [
+        "1", "2", "error: not run, at most 2 tool calls per turn (--tools-max-calls)"]
+
+
+def test_python_calls_per_turn_must_fit_in_the_env_timeout():
+    """A turn's python calls run one after another: max_calls × python_timeout seconds must be
+    under --env-timeout, or a call using its own limit would end the episode as env_timeout."""
+    from relax_core.config import RunConfig
+    from relax_core.host.plugins import load_registry
+    from relax_core.host.validation import resolve
+
+    spec = _spec()
+    assert spec.capabilities_for(spec.params(use="calculator", python_timeout=100.0)).max_step_seconds is None
+    assert spec.capabilities_for(spec.params(use="calculator,python")).max_step_seconds == 40.0  # 4 x 10 s
+
+    def problems(**cfg):
+        _, found = resolve(RunConfig(environment="tools", **cfg), load_registry())
+        return [p for p in found if p.constraint == "max_step_seconds"]
+
+    assert problems(plugin_params={"tools": spec.params(use="calculator,python")}) == []  # 40 s < the 60 s default
+    (p,) = problems(plugin_params={"tools": spec.params(use="calculator,python", python_timeout=15.0)})
+    assert p.component.startswith("environment 'tools'")
+    assert p.message == ("tools may take 60 s in one call within its own limits, but --env-timeout is 60 s, "
+                         "so such a call would end its episode as env_timeout")
+    assert "raise --env-timeout" in p.fix
+    assert problems(env_timeout=61.0, plugin_params={"tools": spec.params(use="calculator,python", python_timeout=15.0)}) == []
+    assert problems(env_timeout=20.0, plugin_params={"tools": spec.params(use="calculator,python", max_calls=1)}) == []
