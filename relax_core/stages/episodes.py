@@ -25,16 +25,16 @@ the text that closes a model turn (``<|im_end|>\\n`` in ChatML), minus the part 
 model sampled itself (its EOS), then the reply messages and the next generation prompt.
 Tokenisers without a template use the fallback ``"\\n<role>: <content>" … "\\nassistant: "``.
 
-Faults.  Every call into the environment (``start(row)``, ``step(turn)``) runs through
-:func:`call_all`: in a thread, ``--env-num-workers`` at a time, each under ``--env-timeout``
-seconds.  A call that raises ends its episode as ``env_error``, one past its timeout as
-``env_timeout`` (counted in ``rollout/env_errors`` / ``rollout/env_timeouts``); the episode
-keeps the tokens it has, gets no reward (NaN, not scored: an unscored sample, advantage 0)
-and the other episodes go on.  An episode whose ``start`` failed still takes its first model
-turn (the prompt is already batched) and then ends.  Threads, not processes: a step that
-hangs cannot be killed, only abandoned (a daemon thread that keeps running until it
-returns); a step that crashes the interpreter (a segfault in an extension) takes the run
-with it.  Tools that run untrusted code isolate it themselves (the ``python`` tool's sandbox).
+Faults.  Every call into the environment (``start(row)``, ``step(turn)``) runs through a
+host (:mod:`relax_core.stages.env_host`, ``--env-isolation``: threads, or worker processes
+that can be killed), ``--env-num-workers`` at a time, each under ``--env-timeout`` seconds.
+A call that raises ends its episode as ``env_error``, one past its timeout as
+``env_timeout`` (counted in ``rollout/env_errors`` / ``rollout/env_timeouts``; replaced
+worker processes in ``rollout/env_restarts``); the episode keeps the tokens it has, gets no
+reward (NaN, not scored: an unscored sample, advantage 0) and the other episodes go on.  An
+episode whose ``start`` failed still takes its first model turn (the prompt is already
+batched) and then ends.  Tools that run untrusted code isolate it themselves (the
+``python`` tool's sandbox).
 
 The loop over episodes is Python (one ``step`` per episode and turn); tokens move as
 tensors and lists, never one by one.
@@ -45,8 +45,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import threading
-import time
 from typing import Any, Callable
 
 import torch
@@ -54,13 +52,15 @@ from torch.nn.utils.rnn import pad_sequence
 
 from relax_core.batch import FIELDS, PAD_TOKEN
 from relax_core.contracts import GenerationOutput, SamplingParams
-from relax_core.environments import EPISODE_ENDS, Reply, SingleTurn, Turn
+from relax_core.environments import EPISODE_ENDS, SingleTurn, Turn
+from relax_core.stages.env_host import ENV_ERROR, ProcessHost, ThreadHost
 from relax_core.stages.reward_mix import is_count
 
 log = logging.getLogger("relax.episodes")
 
 _MARK = "\x00relax-turn\x00"
-ENV_DONE, MAX_TURNS, MAX_EPISODE_TOKENS, TURN_LENGTH, ENV_ERROR, ENV_TIMEOUT = range(len(EPISODE_ENDS))
+ENV_DONE, MAX_TURNS, MAX_EPISODE_TOKENS, TURN_LENGTH = (EPISODE_ENDS.index(e) for e in
+                                                        ("env_done", "max_turns", "max_episode_tokens", "turn_length"))
 #: the per-token fields the runner builds itself (the engine's own per-token fields are carried)
 _OWN = frozenset({"response_ids", "loss_mask", "env_mask", "turn_index", "turn_rewards", "response_lengths",
                   "truncated", "responses", "num_turns", "episode_end", "env_rewards", "transcripts"})
@@ -105,40 +105,6 @@ class ReplyRenderer:
         """:meth:`text` and its token ids (special tokens in it are parsed, none added)."""
         text = self.text(messages, last_token)
         return text, self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def call_all(calls: list[Callable[[], Any]], timeout: float, workers: int) -> list[tuple[int | None, Any]]:
-    """Run ``calls`` in daemon threads, ``workers`` at a time (in order, in waves), each wave
-    waiting at most ``timeout`` seconds.
-
-    Returns:
-        per call ``(None, value)``, ``(ENV_ERROR, "<Type>: <message>")`` when it raised, or
-        ``(ENV_TIMEOUT, None)`` when it had not returned by its wave's deadline (its thread is
-        abandoned; it cannot be stopped).
-    """
-    out: list[tuple[int | None, Any]] = [(ENV_TIMEOUT, None)] * len(calls)
-
-    def run(i: int) -> None:
-        try:
-            out[i] = (None, calls[i]())
-        except Exception as e:  # noqa: BLE001 - the episode's fault, reported per episode
-            out[i] = (ENV_ERROR, f"{type(e).__name__}: {e}")
-
-    for lo in range(0, len(calls), workers):
-        threads = [threading.Thread(target=run, args=(i,), daemon=True, name="relax-env-step")
-                   for i in range(lo, min(lo + workers, len(calls)))]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + timeout
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-    return list(out)  # a copy: an abandoned thread that returns later changes nothing
-
-
-def _checked(reply: Any) -> Reply:
-    if not isinstance(reply, Reply):
-        raise TypeError(f"step returned {type(reply).__name__}, not a relax_core.environments.Reply")
-    return reply
 
 
 @dataclasses.dataclass
@@ -200,11 +166,13 @@ class EpisodeRunner:
         pad_token_id: pads ``response_ids``.
         env_timeout: ``--env-timeout``, seconds per environment call.
         env_workers: ``--env-num-workers``, environment calls at once.
+        host: where the calls run (:mod:`relax_core.stages.env_host`); default a
+            :class:`~relax_core.stages.env_host.ThreadHost` of ``environment``.
     """
 
     def __init__(self, engine: Any, environment: Any, renderer: ReplyRenderer, *, max_turns: int,
                  max_episode_tokens: int | None, score: Callable | None, pad_token_id: int,
-                 env_timeout: float = 60.0, env_workers: int = 4):
+                 env_timeout: float = 60.0, env_workers: int = 4, host: Any = None):
         self.engine = engine
         self.environment = environment
         self.renderer = renderer
@@ -212,18 +180,16 @@ class EpisodeRunner:
         self.max_episode_tokens = max_episode_tokens
         self.score = score
         self.pad_token_id = pad_token_id
-        self.env_timeout = env_timeout
-        self.env_workers = env_workers
+        self.host = host if host is not None else ThreadHost(environment, env_timeout, env_workers)
         self._warned = False  # the first failed environment call of a generate() call is logged
         self.metrics: dict[str, float] = {}
         """Counts of the last :meth:`generate` call: the scorer's (``rollout/reward_errors``, …)
         summed over the turns it scored, and ``rollout/env_errors`` / ``rollout/env_timeouts``
         (episodes ended by a failed environment call)."""
 
-    def _call(self, eps: list[_Episode], calls: list[Callable[[], Any]]) -> list[Any]:
-        """:func:`call_all` of one call per episode of ``eps``; a failed call ends its episode
-        (``fault``, counted) and gives ``None``."""
-        results = call_all(calls, self.env_timeout, self.env_workers)
+    def _faults(self, eps: list[_Episode], results: list[tuple[int | None, Any]]) -> list[Any]:
+        """The host's results of one call per episode of ``eps``: a failed call ends its
+        episode (``fault``, counted) and gives ``None``."""
         for e, (fault, value) in zip(eps, results):
             if fault is not None:
                 e.fault = fault
@@ -231,8 +197,7 @@ class EpisodeRunner:
                 self.metrics[name] = self.metrics.get(name, 0.0) + 1.0
                 if not self._warned:
                     self._warned = True
-                    log.warning("environment %s: %s", type(self.environment).__name__,
-                                value if fault == ENV_ERROR else f"a call ran past --env-timeout {self.env_timeout:g} s")
+                    log.warning("environment %s: %s", type(self.environment).__name__, value)
         return [v if f is None else None for f, v in results]
 
     def generate(self, rows: list[dict], prompts: list[str], prompt_ids: list[list[int]],
@@ -250,8 +215,9 @@ class EpisodeRunner:
         """
         self.metrics = {}
         self._warned = False
+        restarts = self.host.restarts
         eps = [_Episode(None, list(p)) for p in prompt_ids]
-        for e, episode in zip(eps, self._call(eps, [lambda r=r: self.environment.start(r) for r in rows])):
+        for e, episode in zip(eps, self._faults(eps, self.host.start(rows))):
             e.episode = episode
         limit = self.max_episode_tokens
         tok = self.renderer.tokenizer
@@ -293,9 +259,9 @@ class EpisodeRunner:
                     if is_count(name):          # not the step's (its final scoring gives those)
                         self.metrics[name] = self.metrics.get(name, 0.0) + v
             stepped = [eps[i] for i, _ in stepping]
-            replies = self._call(stepped, [lambda e=e, s=s: _checked(e.episode.step(Turn(text=e.last_text, index=k,
-                                                                                          score=s)))
-                                           for e, s in zip(stepped, scores)])
+            replies = self._faults(stepped, self.host.step([e.episode for e in stepped],
+                                                           [Turn(text=e.last_text, index=k, score=s)
+                                                            for e, s in zip(stepped, scores)]))
             for e, reply in zip(stepped, replies):
                 if e.fault is not None:  # raised or hung: no reward, not scored (task advantage 0)
                     e.end, e.rewards = e.fault, []
@@ -319,6 +285,8 @@ class EpisodeRunner:
                 e.parts.append(_Part(turn=k, text=env_text, ids=torch.tensor(env_ids, dtype=torch.long)))
                 e.context += env_ids
                 e.used += len(env_ids)
+        if self.host.restarts > restarts:
+            self.metrics["rollout/env_restarts"] = float(self.host.restarts - restarts)
         return self._assemble(eps)
 
     def _assemble(self, eps: list[_Episode]) -> GenerationOutput:
@@ -387,16 +355,19 @@ def episode_metrics(batch: Any) -> dict[str, float]:
 
 def build_runner(cfg: Any, reg: Any, engine: Any, score: Callable | None) -> EpisodeRunner:
     """The run's :class:`EpisodeRunner`: ``--environment`` built from the registry, its limits
-    from the config, the run's scorer for environments that declare ``scores_turns``."""
+    from the config, its calls hosted as ``--env-isolation`` says, the run's scorer for
+    environments that declare ``scores_turns``."""
     r = reg.get("environment", cfg.environment)
     params = cfg.params_for(cfg.environment)
     caps = r.spec.capabilities_for(params)
     env = r.spec.build(params, cfg)
+    host = ProcessHost(r.spec.factory, params, cfg, cfg.env_timeout, cfg.env_num_workers) \
+        if cfg.env_isolation == "process" else ThreadHost(env, cfg.env_timeout, cfg.env_num_workers)
     tokenizer = engine.tokenizer
     return EpisodeRunner(engine, env, ReplyRenderer(tokenizer, cfg.apply_chat_template),
                          max_turns=cfg.max_turns if caps.multi_turn else 1, max_episode_tokens=cfg.max_episode_tokens,
                          score=score if caps.scores_turns else None, pad_token_id=tokenizer.pad_token_id or 0,
-                         env_timeout=cfg.env_timeout, env_workers=cfg.env_num_workers)
+                         host=host)
 
 
 def single_turn_runner(engine: Any, cfg: Any) -> EpisodeRunner:

@@ -66,9 +66,7 @@ import logging
 import math
 import multiprocessing as mp
 import numbers
-import os
 import pickle
-import signal
 import threading
 import time
 import traceback
@@ -78,6 +76,7 @@ from multiprocessing.connection import wait as _wait_connections
 from typing import Any, Callable, Mapping, Sequence
 
 from relax_core.contracts import RewardBatch
+from relax_core.run.interrupts import as_worker, messages, spawn_worker, stop_workers
 from relax_core.specs import RewardScorerSpec
 
 log = logging.getLogger("relax.rewarding")
@@ -283,23 +282,14 @@ def _worker_main(conn: Any, payload: bytes) -> None:
     then stops the workers).  It is already ignored while the worker starts (see
     :meth:`ScoringPool._start`); setting it here covers a pool started off the main thread.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = mp.parent_process()
-    if parent is not None:  # a worker stuck in a scorer must not outlive a killed trainer
-        threading.Thread(target=lambda: (parent.join(), os._exit(0)), daemon=True).start()
+    as_worker()
     try:
         scorer = pickle.loads(payload)
     except BaseException:  # noqa: BLE001 - reported to the parent
         conn.send(("fatal", traceback.format_exc(limit=4)))
         return
     conn.send(("ready",))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
+    for msg in messages(conn):
         i, response, label, metadata = msg
         try:
             # a batch's samples share one scorer (ScoringPool._tasks groups them by name)
@@ -330,10 +320,6 @@ def _pop_counts(fn: Any) -> dict[str, int]:
     its ``pop_counts()``), as ``{name: int}``; ``{}`` when it has none."""
     pop = getattr(fn, "pop_counts", None)
     return {str(k): int(v) for k, v in pop().items()} if callable(pop) else {}
-
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
 
 
 @dataclass
@@ -372,20 +358,8 @@ class ScoringPool:
         self._workers = [self._start() for _ in range(num_workers)]
 
     def _start(self) -> _Worker:
-        parent, child = self._ctx.Pipe()
-        p = self._ctx.Process(target=_worker_main, args=(child, self._payload), daemon=True,
-                              name="relax-reward-worker")
-        # the child inherits an ignored SIGINT across spawn's exec (Python keeps it ignored at
-        # start-up), so a Ctrl-C while it imports cannot kill it; for the parent the change
-        # lasts only the fork+exec of p.start() (milliseconds)
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
-        try:
-            p.start()
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
-        child.close()
-        return _Worker(p, parent, deadline=time.monotonic() + STARTUP_TIMEOUT)
+        p, conn = spawn_worker(self._ctx, _worker_main, (self._payload,), "relax-reward-worker")
+        return _Worker(p, conn, deadline=time.monotonic() + STARTUP_TIMEOUT)
 
     def _replace(self, w: _Worker) -> None:
         w.process.kill()
@@ -521,17 +495,7 @@ class ScoringPool:
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
-        for w in self._workers:
-            try:
-                w.conn.send(None)
-            except (OSError, ValueError):
-                pass
-        for w in self._workers:
-            w.process.join(timeout=2)
-            if w.process.is_alive():
-                w.process.kill()
-                w.process.join(timeout=5)
-            w.conn.close()
+        stop_workers(self._workers)
         self._workers = []
 
     def __enter__(self) -> "ScoringPool":

@@ -131,3 +131,18 @@ def test_multi_turn_environment_trains_two_steps(name, extra, tiny_model_dir, pr
         samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
         several = [r for r in samples if r.get("num_turns", 1) > 1]
         assert several and all("Your answer is not correct, try again." in r["transcript"] for r in several)
+
+
+def test_process_isolation_trains_the_same_as_threads(tiny_model_dir, prompts_file, tmp_path):
+    """--env-isolation process (episodes in spawned workers) gives the thread host's run value
+    for value: the same episodes, rewards, losses (timings aside)."""
+    runs = {}
+    for iso in ("thread", "process"):
+        code, out = run_train(tiny_args(tiny_model_dir, prompts_file, tmp_path / iso, "--environment", "retry",
+                                        "--max-turns", "3", "--rollout-stop", "e", "--env-isolation", iso,
+                                        "--no-save-hf", "--eval-data", "none"))
+        assert code == 0, out
+        runs[iso] = [{k: v for k, v in r.items() if not k.startswith(("perf/", "time/")) and "_time" not in k}
+                     for r in read_metrics(tmp_path / iso / "run")]
+    assert runs["thread"][0]["rollout/num_turns/mean"] > 1  # several turns: the workers were stepped
+    assert runs["process"] == runs["thread"]

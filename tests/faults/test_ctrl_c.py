@@ -60,3 +60,25 @@ def test_a_second_ctrl_c_aborts_in_one_line_and_keeps_the_last_complete_checkpoi
     res = relax_subprocess([*args, "--resume"])
     assert res.returncode == 0, res.stderr[-3000:]
     assert_same_metrics(read_metrics(tmp_path / "run"), reference)
+
+
+@pytest.mark.slow
+def test_ctrl_c_with_environment_workers_finishes_the_step_and_resumes(tiny_model_dir, prompts_file, tmp_path):
+    """The same Ctrl-C with --env-isolation process: the environment's worker processes are in
+    the process group too; they ignore the SIGINT (no traceback, no episode lost), the step
+    finishes, and --resume equals an uninterrupted run."""
+    env = ("--environment", "retry", "--max-turns", "2", "--rollout-stop", "e", "--env-isolation", "process")
+    ref = tmp_path / "uninterrupted"
+    res = relax_subprocess(tiny_args(tiny_model_dir, prompts_file, ref, *SCORER, *env))
+    assert res.returncode == 0, res.stderr[-3000:]
+    args = tiny_args(tiny_model_dir, prompts_file, tmp_path / "cut", *SCORER, *env)
+    res = relax_subprocess(args, env={"RELAX_FAULT_AT": "12", "RELAX_FAULT_DIR": str(tmp_path)})
+    assert res.returncode == 130, res.stderr[-3000:]
+    assert "interrupted: checkpoint saved to" in res.stderr
+    assert "Traceback" not in res.stderr and "KeyboardInterrupt" not in res.stderr, res.stderr[-3000:]
+    recs = read_metrics(tmp_path / "cut" / "run")
+    assert 1 <= len(recs) < STEPS
+    assert all(r["rollout/env_errors"] == 0.0 and r["rollout/env_timeouts"] == 0.0 for r in recs), recs
+    res = relax_subprocess([*args, "--resume"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_same_metrics(read_metrics(tmp_path / "cut" / "run"), read_metrics(ref / "run"))

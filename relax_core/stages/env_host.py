@@ -1,0 +1,289 @@
+"""Where environment calls run (``--env-isolation``): threads of the rollout process, or
+worker processes that can be killed.
+
+The episode runner (:mod:`relax_core.stages.episodes`) makes every call into an environment
+(``start(row)``, ``episode.step(turn)``) through a host, ``--env-num-workers`` calls at once,
+each under ``--env-timeout`` seconds; a call that raises (or returns something other than a
+:class:`~relax_core.environments.Reply`) gives ``(ENV_ERROR, text)``, one past its timeout
+``(ENV_TIMEOUT, text)``, and the runner ends that episode:
+
+- :class:`ThreadHost` (``thread``, the default): daemon threads.  Cheap, no pickling, but a
+  call that hangs cannot be stopped, only abandoned (its thread runs on, outside the worker
+  count), and a call that crashes the interpreter (a segfault in an extension) ends the run.
+- :class:`ProcessHost` (``process``): ``--env-num-workers`` spawned processes, each holding
+  its own copy of the environment (built from the spec's factory, the parameters and the
+  config) and the episodes started in it (episode ``i`` of a call lives in worker
+  ``i mod n``).  A call past its timeout gets its worker killed (SIGKILL); a worker that dies
+  (segfault, ``os._exit``, the OOM killer) is noticed; either way the worker is replaced and
+  the run goes on.  The other episodes that lived in that worker are lost with it: their next
+  call gives ``ENV_ERROR`` ("lost with its worker").  Rows, turns and replies cross the
+  process boundary by pickle.
+
+Both keep the episodes of one :meth:`start` until the next (the runner's ``generate``).
+This module imports nothing heavy (the workers import it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import multiprocessing as mp
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_connections
+from typing import Any, Callable
+
+from relax_core.environments import EPISODE_ENDS, Reply
+from relax_core.run.interrupts import as_worker, messages, spawn_worker, stop_workers
+
+ENV_ERROR, ENV_TIMEOUT = EPISODE_ENDS.index("env_error"), EPISODE_ENDS.index("env_timeout")
+#: seconds a spawned worker may take to import the environment's plugin and build it
+STARTUP_TIMEOUT = 120.0
+Result = tuple[int | None, Any]  # (None, value) | (ENV_ERROR, text) | (ENV_TIMEOUT, text)
+
+
+def checked(reply: Any) -> Reply:
+    """``reply`` if it is a :class:`Reply`; raises ``TypeError`` otherwise."""
+    if not isinstance(reply, Reply):
+        raise TypeError(f"step returned {type(reply).__name__}, not a relax_core.environments.Reply")
+    return reply
+
+
+def _error(e: BaseException) -> Result:
+    return ENV_ERROR, f"{type(e).__name__}: {e}"
+
+
+def call_all(calls: list[Callable[[], Any]], timeout: float, workers: int) -> list[Result]:
+    """Run ``calls`` in daemon threads, ``workers`` at a time (in order, in waves), each wave
+    waiting at most ``timeout`` seconds.
+
+    Returns:
+        per call ``(None, value)``, ``(ENV_ERROR, "<Type>: <message>")`` when it raised, or
+        ``(ENV_TIMEOUT, text)`` when it had not returned by its wave's deadline (its thread is
+        abandoned; it cannot be stopped).
+    """
+    out: list[Result] = [(ENV_TIMEOUT, f"a call ran past --env-timeout {timeout:g} s")] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            out[i] = (None, calls[i]())
+        except Exception as e:  # noqa: BLE001 - the episode's fault, reported per episode
+            out[i] = _error(e)
+
+    for lo in range(0, len(calls), workers):
+        threads = [threading.Thread(target=run, args=(i,), daemon=True, name="relax-env-step")
+                   for i in range(lo, min(lo + workers, len(calls)))]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+    return list(out)  # a copy: an abandoned thread that returns later changes nothing
+
+
+class ThreadHost:
+    """Environment calls in daemon threads of this process (see the module docstring).
+
+    Args:
+        environment: the environment object (``start(row) -> episode``).
+        timeout: ``--env-timeout``, seconds per call.
+        workers: ``--env-num-workers``, calls at once.
+    """
+
+    restarts = 0  # threads are never replaced
+
+    def __init__(self, environment: Any, timeout: float, workers: int):
+        self.environment, self.timeout, self.workers = environment, timeout, workers
+
+    def start(self, rows: list[dict]) -> list[Result]:
+        """``environment.start(row)`` per row; a value is the episode's handle for :meth:`step`."""
+        return call_all([lambda r=r: self.environment.start(r) for r in rows], self.timeout, self.workers)
+
+    def step(self, handles: list[Any], turns: list[Any]) -> list[Result]:
+        """``episode.step(turn)`` per (handle, turn); a value is the :class:`Reply`."""
+        return call_all([lambda h=h, t=t: checked(h.step(t)) for h, t in zip(handles, turns)],
+                        self.timeout, self.workers)
+
+    def close(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _worker_main(conn: Any, factory: str, params: Any, config: Any) -> None:
+    """Worker process: build the environment, then serve calls.
+
+    Messages in: ``("start", id, row)``, ``("step", id, turn)``, ``("clear",)`` (forget every
+    episode; no answer) or ``None`` (stop).  Out: ``("ready",)`` or ``("fatal", text)`` once,
+    then per call ``(id, fault, value)`` with ``fault`` ``None`` or ``ENV_ERROR``.  SIGINT is
+    ignored (a terminal's Ctrl-C reaches the whole process group; the parent decides), and
+    the worker exits when its parent does.
+    """
+    as_worker()
+    try:
+        module, _, attr = factory.partition(":")
+        env = getattr(importlib.import_module(module), attr)(params, config)
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        conn.send(("fatal", traceback.format_exc(limit=4)))
+        return
+    conn.send(("ready",))
+    episodes: dict[int, Any] = {}
+    for msg in messages(conn):
+        if msg[0] == "clear":
+            episodes.clear()
+            continue
+        kind, eid, arg = msg
+        try:
+            if kind == "start":
+                episodes[eid] = env.start(arg)
+                out: Result = (None, eid)  # the handle
+            else:
+                out = (None, checked(episodes[eid].step(arg)))
+        except Exception as e:  # noqa: BLE001 - the episode's fault
+            out = _error(e)
+        try:
+            conn.send((eid, *out))
+        except Exception as e:  # noqa: BLE001 - a reply that does not pickle
+            conn.send((eid, *_error(e)))
+
+
+@dataclass
+class _Worker:
+    process: Any
+    conn: Any
+    generation: int
+    queue: deque = field(default_factory=deque)  # (id, message) to send, in order
+    busy: int | None = None  # the id of the call in flight
+    deadline: float = math.inf
+
+
+class ProcessHost:
+    """Environment calls in killable worker processes (see the module docstring).
+
+    Args:
+        factory: the environment spec's ``factory`` (``package.module:callable``), called in
+            each worker as ``factory(params, config)``.
+        params, config: the environment's parameters and the run config (pickled).
+        timeout: ``--env-timeout``, seconds per call (from when it is sent to its worker).
+        workers: ``--env-num-workers``, worker processes.
+
+    Raises:
+        RuntimeError: a worker cannot build the environment, or does not start within
+            :data:`STARTUP_TIMEOUT` seconds (scripts that start a run must guard it with
+            ``if __name__ == "__main__":``, since workers are spawned).
+    """
+
+    def __init__(self, factory: str, params: Any, config: Any, timeout: float, workers: int):
+        self._args = (factory, params, config)
+        self.timeout = timeout
+        self._ctx = mp.get_context("spawn")
+        self._generation = 0
+        self.restarts = 0
+        """Workers replaced (killed past a timeout, or found dead) since the host started."""
+        self._owner: dict[int, tuple[int, int]] = {}  # episode id -> (worker index, generation)
+        self._workers = [self._spawn() for _ in range(workers)]
+        for w in self._workers:
+            self._ready(w)
+
+    def _spawn(self) -> _Worker:
+        self._generation += 1
+        return _Worker(*spawn_worker(self._ctx, _worker_main, self._args, "relax-env-worker"), self._generation)
+
+    def _ready(self, w: _Worker) -> None:
+        if not w.conn.poll(STARTUP_TIMEOUT):
+            self.close()
+            raise RuntimeError(f"an environment worker did not start within {STARTUP_TIMEOUT:.0f} s")
+        try:
+            msg = w.conn.recv()
+        except (EOFError, OSError):
+            msg = ("fatal", "it exited while starting (workers are spawned: a script that starts a run must "
+                            "guard it with `if __name__ == '__main__':`)")
+        if msg[0] != "ready":
+            self.close()
+            raise RuntimeError(f"an environment worker could not build the environment:\n{msg[1]}")
+
+    def _replace(self, k: int) -> None:
+        """Kill worker ``k`` (if alive) and start another in its place; its episodes are lost."""
+        old = self._workers[k]
+        old.process.kill()
+        old.process.join(timeout=5)
+        old.conn.close()
+        new = self._spawn()
+        new.queue = old.queue
+        self._workers[k] = new
+        self.restarts += 1
+        self._ready(new)
+
+    def start(self, rows: list[dict]) -> list[Result]:
+        """Forget the previous episodes and start one per row (episode ``i`` in worker
+        ``i mod workers``); a value is the episode's handle (its id) for :meth:`step`."""
+        for w in self._workers:
+            try:
+                w.conn.send(("clear",))
+            except OSError:  # died while idle: noticed on its next call
+                pass
+        self._owner = {}
+        return self._run([(i, ("start", i, row)) for i, row in enumerate(rows)])
+
+    def step(self, handles: list[int], turns: list[Any]) -> list[Result]:
+        """``step(turn)`` of each episode (by handle); a value is the :class:`Reply`."""
+        return self._run([(h, ("step", h, t)) for h, t in zip(handles, turns)])
+
+    def _run(self, calls: list[tuple[int, tuple]]) -> list[Result]:
+        n = len(self._workers)
+        results: dict[int, Result] = {}
+        for eid, msg in calls:
+            self._workers[eid % n].queue.append((eid, msg))
+        while True:
+            now = time.monotonic()
+            for k, w in enumerate(self._workers):
+                while w.busy is None and w.queue:
+                    eid, msg = w.queue.popleft()
+                    if msg[0] == "step" and self._owner.get(eid) != (k, w.generation):
+                        results[eid] = (ENV_ERROR, "the episode was lost with its environment worker, which was "
+                                                   "replaced after another episode's call failed it")
+                        continue
+                    try:
+                        w.conn.send(msg)
+                    except Exception as e:  # noqa: BLE001 - a row or turn that does not pickle, or a dead worker
+                        if isinstance(e, OSError):
+                            w.queue.appendleft((eid, msg))
+                            self._replace(k)
+                            w = self._workers[k]
+                        else:
+                            results[eid] = _error(e)
+                        continue
+                    if msg[0] == "start":
+                        self._owner[eid] = (k, w.generation)
+                    w.busy, w.deadline = eid, now + self.timeout
+            busy = [w for w in self._workers if w.busy is not None]
+            if not busy:
+                return [results[eid] for eid, _ in calls]
+            wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+            for conn in wait_connections([w.conn for w in busy], timeout=wait_s):
+                k = next(i for i, w in enumerate(self._workers) if w.conn is conn)
+                w = self._workers[k]
+                try:
+                    eid, fault, value = conn.recv()
+                except (EOFError, OSError):  # died in the call: segfault, os._exit, the OOM killer
+                    w.process.join(timeout=5)
+                    results[w.busy] = (ENV_ERROR, f"its environment worker died (exit code {w.process.exitcode})")
+                    self._replace(k)
+                    continue
+                results[eid] = (fault, value)
+                w.busy, w.deadline = None, math.inf
+            now = time.monotonic()
+            for k, w in enumerate(self._workers):
+                if w.busy is not None and w.deadline <= now:
+                    results[w.busy] = (ENV_TIMEOUT, f"a call ran past --env-timeout {self.timeout:g} s; its "
+                                                    "worker was killed")
+                    self._replace(k)
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        stop_workers(self._workers)
+        self._workers = []

@@ -1,0 +1,44 @@
+"""A stateful toy environment for the process host's tests (imported by spawned workers):
+each episode counts its turns and, at its second turn, misbehaves as its prompt says."""
+
+import os
+import signal
+import time
+
+from relax_core.environments import Reply
+
+
+class Episode:
+    def __init__(self, mode):
+        self.mode, self.turns = mode, 0
+
+    def step(self, turn):
+        self.turns += 1
+        if self.turns == 2:
+            if self.mode == "raise":
+                raise KeyError("boom")
+            if self.mode == "hang":
+                time.sleep(60)
+            if self.mode == "segv":
+                os.kill(os.getpid(), signal.SIGSEGV)
+            if self.mode == "junk":
+                return "done"
+            if self.mode == "unpicklable":
+                return Reply(messages=({"role": "user", "content": lambda: 0},))
+        return Reply(messages=({"role": "user", "content": f"{self.mode} {self.turns} {os.getpid()}"},),
+                     reward=float(self.turns))
+
+
+class Counting:
+    def start(self, row):
+        if row["prompt"] == "start":
+            raise RuntimeError("no such game")
+        return Episode(row["prompt"])
+
+
+def build(params, config):
+    return Counting()
+
+
+def broken(params, config):
+    raise ValueError("cannot build")

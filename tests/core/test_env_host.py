@@ -1,0 +1,135 @@
+"""--env-isolation process: environment calls in spawned workers that are killed past
+--env-timeout and replaced when they die, with the episodes lost with them reported as
+errors; episode state lives across calls; results equal the thread host's where nothing
+fails; a worker that cannot build the environment stops the run at once."""
+
+import math
+import multiprocessing as mp
+import time
+
+import pytest
+import torch
+
+from relax_core.config import RunConfig
+from relax_core.contracts import SamplingParams
+from relax_core.environments import EPISODE_ENDS, Reply, Turn
+from relax_core.stages.env_host import ENV_ERROR, ENV_TIMEOUT, ProcessHost, ThreadHost
+from test_episodes import EOS, ScriptedEngine
+
+FACTORY = "env_host_toys:build"
+
+
+def _rows(*modes):
+    return [{"prompt": m, "label": None, "metadata": {}} for m in modes]
+
+
+def _turns(n, k):
+    return [Turn(text="t", index=k)] * n
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from relax_core.models import load_tokenizer
+
+    return load_tokenizer(str(tiny_model_dir))
+
+
+@pytest.fixture
+def host():
+    h = ProcessHost(FACTORY, None, RunConfig(), timeout=1.5, workers=2)
+    yield h
+    h.close()
+
+
+def test_faults_end_their_episodes_and_workers_are_replaced(host):
+    # episode i lives in worker i mod 2: worker 0 holds ok, hang, ok, start; worker 1 raise, segv, junk, ok
+    rows = _rows("ok", "raise", "hang", "segv", "ok", "junk", "start", "ok")
+    started = host.start(rows)
+    assert [f for f, _ in started] == [None] * 6 + [ENV_ERROR, None]
+    assert started[6][1] == "RuntimeError: no such game"
+    live = [0, 1, 2, 3, 4, 5, 7]
+    first = host.step(live, _turns(7, 0))
+    assert all(f is None and isinstance(r, Reply) for f, r in first)
+    pids = {int(r.messages[0]["content"].split()[2]) for _, r in first}
+    assert len(pids) == 2  # two workers
+    t0 = time.monotonic()
+    second = dict(zip(live, host.step(live, _turns(7, 1))))
+    assert time.monotonic() - t0 < 10  # the 60 s hang cost one --env-timeout and a restart
+    assert second[0][0] is None and second[0][1].messages[0]["content"].startswith("ok 2 ")  # state across calls
+    assert second[0][1].reward == 2.0
+    assert second[2] == (ENV_TIMEOUT, "a call ran past --env-timeout 1.5 s; its worker was killed")
+    assert second[1] == (ENV_ERROR, "KeyError: 'boom'")
+    assert second[3][0] == ENV_ERROR and second[3][1] == "its environment worker died (exit code -11)"
+    lost = "the episode was lost with its environment worker"
+    assert all(second[i][0] == ENV_ERROR and second[i][1].startswith(lost) for i in (4, 5, 7))
+    assert host.restarts == 2
+    # episode 0 lived in worker 0, killed after its call: lost as well
+    (third,) = host.step([0], _turns(1, 2))
+    assert third[0] == ENV_ERROR and third[1].startswith(lost)
+    assert len([p for p in mp.active_children() if p.name == "relax-env-worker"]) == 2  # no leftover hung worker
+    # a new call of episodes starts afresh on the replaced workers
+    again = host.start(_rows("ok", "ok"))
+    assert again == [(None, 0), (None, 1)]  # the handles
+    replies = host.step([0, 1], _turns(2, 0))
+    assert {int(r.messages[0]["content"].split()[2]) for _, r in replies}.isdisjoint(pids)
+
+
+def test_bad_replies_are_errors_without_restarts(host):
+    host.start(_rows("junk", "unpicklable", "ok"))
+    host.step([0, 1, 2], _turns(3, 0))
+    junk, unpicklable, ok = host.step([0, 1, 2], _turns(3, 1))
+    assert junk == (ENV_ERROR, "TypeError: step returned str, not a relax_core.environments.Reply")
+    assert unpicklable[0] == ENV_ERROR and "pickle" in unpicklable[1].lower()
+    assert ok[0] is None and ok[1].messages[0]["content"].startswith("ok 2 ")
+    assert host.restarts == 0
+
+
+def test_process_and_thread_hosts_agree_when_nothing_fails():
+    from env_host_toys import Counting
+
+    rows = _rows("ok", "a", "b")
+    proc = ProcessHost(FACTORY, None, RunConfig(), timeout=5.0, workers=2)
+    seen = []
+    try:
+        for h in (proc, ThreadHost(Counting(), 5.0, 2)):
+            started = h.start(rows)
+            assert [f for f, _ in started] == [None] * 3
+            handles = [v for _, v in started]
+            steps = [h.step(handles, _turns(3, k)) for k in range(2)]
+            seen.append([[(r.messages[0]["content"].rsplit(" ", 1)[0], r.reward) for _, r in s] for s in steps])
+    finally:
+        proc.close()
+    assert seen[0] == seen[1] == [[("ok 1", 1.0), ("a 1", 1.0), ("b 1", 1.0)], [("ok 2", 2.0), ("a 2", 2.0), ("b 2", 2.0)]]
+
+
+def test_a_worker_that_cannot_build_the_environment_stops_at_once():
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="(?s)could not build the environment:.*ValueError: cannot build"):
+        ProcessHost("env_host_toys:broken", None, RunConfig(), timeout=1.0, workers=2)
+    assert time.monotonic() - t0 < 30
+    assert not [p for p in mp.active_children() if p.name == "relax-env-worker"]
+
+
+def test_the_runner_through_worker_processes(tokenizer):
+    """The episode runner on the process host: a hanging and a crashing episode end as
+    env_timeout / env_error, their workers replaced (rollout/env_restarts), the rest go on."""
+
+    from relax_core.stages.episodes import EpisodeRunner, ReplyRenderer
+
+    modes = ["ok", "hang", "ok", "segv"]  # worker 0: ok, ok (episodes 0, 2); worker 1: hang, segv
+    scripts = {100 + i: [[1010 + i, EOS], [1020 + i, EOS], [1030 + i, EOS]] for i in range(4)}
+    engine = ScriptedEngine(tokenizer, scripts)
+    host = ProcessHost(FACTORY, None, RunConfig(), timeout=1.5, workers=2)
+    try:
+        runner = EpisodeRunner(engine, None, ReplyRenderer(tokenizer, True), max_turns=3, max_episode_tokens=None,
+                               score=None, pad_token_id=EOS, host=host)
+        out = runner.generate(_rows(*modes), [""] * 4, [[p, 51] for p in scripts], SamplingParams(max_new_tokens=4))
+    finally:
+        host.close()
+    ends = [EPISODE_ENDS[int(e)] for e in out.episode_end]
+    # worker 1 was killed at episode 1's hang; episode 3 (also in it) was lost with it
+    assert ends == ["max_turns", "env_timeout", "max_turns", "env_error"]
+    assert runner.metrics == {"rollout/env_timeouts": 1.0, "rollout/env_errors": 1.0, "rollout/env_restarts": 1.0}
+    assert out.num_turns.tolist() == [3, 2, 3, 2]
+    torch.testing.assert_close(out.env_rewards[[0, 2]], torch.tensor([6.0, 6.0]))  # 1 + 2 + 3 from the episode state
+    assert all(math.isnan(x) for x in out.env_rewards[[1, 3]].tolist())
