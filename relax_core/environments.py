@@ -37,6 +37,8 @@ from typing import Any, Protocol
 #: ``env_error`` / ``env_timeout``: the environment's ``start`` or ``step`` raised, or ran past
 #: ``--env-timeout`` (the episode is not scored nor trained on, like an unscored sample).
 EPISODE_ENDS = ("env_done", "max_turns", "max_episode_tokens", "turn_length", "env_error", "env_timeout")
+#: the ends by a failed environment call: such an episode is not scored (an unscored sample)
+FAULT_ENDS = ("env_error", "env_timeout")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_connections
 from typing import Any, Callable
 
-from relax_core.environments import EPISODE_ENDS, Reply
+from relax_core.environments import EPISODE_ENDS, FAULT_ENDS, Reply
 from relax_core.run.interrupts import as_worker, messages, spawn_worker, stop_workers
 
-ENV_ERROR, ENV_TIMEOUT = EPISODE_ENDS.index("env_error"), EPISODE_ENDS.index("env_timeout")
+ENV_ERROR, ENV_TIMEOUT = (EPISODE_ENDS.index(e) for e in FAULT_ENDS)
 #: seconds a spawned worker may take to import the environment's plugin and build it
 STARTUP_TIMEOUT = 120.0
 Result = tuple[int | None, Any]  # (None, value) | (ENV_ERROR, text) | (ENV_TIMEOUT, text)

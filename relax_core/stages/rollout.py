@@ -45,7 +45,7 @@ import torch
 from relax_core.batch import Batch
 from relax_core.contracts import RewardBatch, SamplingParams
 from relax_core.data import Dataset, encode_prompts
-from relax_core.environments import EPISODE_ENDS, prompt_of
+from relax_core.environments import EPISODE_ENDS, FAULT_ENDS, prompt_of
 from relax_core.evaluation.metrics import sample_metrics
 from relax_core.numerics import ZERO_STD_TOL, group_stats
 from relax_core.sampling import PromptResults
@@ -281,7 +281,7 @@ class Rollout:
         if env is None:
             todo = list(range(batch.size))
         else:
-            failed = batch.episode_end >= EPISODE_ENDS.index("env_error")
+            failed = torch.isin(batch.episode_end, torch.tensor([EPISODE_ENDS.index(e) for e in FAULT_ENDS]))
             todo = (torch.isnan(env) & ~failed).nonzero().flatten().tolist()
         pick = lambda xs: [xs[i] for i in todo]  # noqa: E731
         scored, metrics = self.c.score(pick(batch.responses), pick(batch.labels), pick(batch.metadata),

@@ -48,3 +48,30 @@ def test_grpo_raises_reward_on_the_default_model(tmp_path):
     se = sigma * math.sqrt(1 / N + 1 / (k * N))
     gain = statistics.fmean(r[-k:]) - r[0]
     assert gain > max(0.1, 4 * se), f"rewards per step {r}, gain {gain:.3f}, 4·se {4 * se:.3f}"
+
+
+@pytest.mark.slow
+def test_grpo_learns_in_a_multi_turn_environment(tmp_path):
+    """The same task as an episode of `retry`: an answer of at most 18 characters (brevity
+    ≥ 0.7) is correct and ends the episode; a longer one hears "not correct, try again" and
+    gets a second attempt, worth half (discount 0.5).  The reward is the episode's, so the
+    policy gains by answering briefly at the first attempt.  Same margin as above, on the
+    episode rewards of the first step."""
+    code, out = run_train(["--output-dir", str(tmp_path), "--run-name", "run", "--num-rollout", str(STEPS),
+                           "--rollout-batch-size", "2", "--n-samples-per-prompt", "8", "--rollout-max-response-len", "24",
+                           "--rollout-temperature", "1.0", "--lr", "2e-5", "--seed", "11", "--quiet", "--no-save-hf",
+                           "--log-samples-per-step", str(N), "--reward-num-workers", "1",
+                           "--custom-rm-path", "relax_e2e_scorers:brevity", "--eval-data", "none",
+                           "--environment", "retry", "--retry-attempts", "2", "--retry-correct", "0.7",
+                           "--retry-discount", "0.5", "--max-turns", "2"])
+    assert code == 0, out
+    recs = read_metrics(tmp_path / "run")
+    r = [m["rollout/raw_reward"] for m in recs]
+    turns = [m["rollout/num_turns/mean"] for m in recs]
+    samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    sigma = statistics.pstdev([s["reward"] for s in samples if s["step"] == 1])
+    k = STEPS // 4
+    se = sigma * math.sqrt(1 / N + 1 / (k * N))
+    gain = statistics.fmean(r[-k:]) - r[0]
+    assert turns[0] > 1.2, f"episodes of the untrained model should need a second attempt: turns {turns}"
+    assert gain > max(0.1, 4 * se), f"rewards per step {r}, turns {turns}, gain {gain:.3f}, 4·se {4 * se:.3f}"

@@ -1,6 +1,7 @@
 """vLLM engine: output packing (no vLLM needed), install hint, and, where vLLM is installed
 (``.venv-vllm``, see ``.ci/vllm.sh``), log-probs equal to transformers' for the same
-weights before and after a weight push, seeds and stop strings."""
+weights before and after a weight push, multi-turn episodes trained on exactly the sampled
+ids, seeds and stop strings."""
 
 from __future__ import annotations
 
@@ -130,6 +131,57 @@ def test_log_probs_match_transformers_before_and_after_weight_push(engine, tiny_
     after = _check_against_hf(engine, model, seed=11)
     # same seed, new weights: the distribution changed, so the log-probs did
     assert not torch.allclose(before.rollout_log_probs, after.rollout_log_probs)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed (see .ci/vllm.sh)")
+def test_multi_turn_trained_ids_are_the_sampled_ids(engine, tiny_dir):
+    """Three-turn retry episodes on vLLM (every answer wrong): the engine continued each turn
+    from exactly the trained sequence's prefix (token-id prompts, nothing re-tokenised), the
+    trained ids at loss_mask-1 positions are the sampled ids with vLLM's own log q, and those
+    equal transformers' teacher-forced log-probs of the whole trained sequence."""
+    from transformers import AutoModelForCausalLM
+
+    from relax_core.stages.episodes import EpisodeRunner, ReplyRenderer
+    from relax_retry.retry import Retry
+
+    calls = []
+
+    class Recording:
+        tokenizer = engine.tokenizer
+
+        def generate(self, prompt_ids, sampling):
+            out = engine.generate(prompt_ids, sampling)
+            calls.append(([list(p) for p in prompt_ids], out))
+            return out
+
+    tok = engine.tokenizer
+    runner = EpisodeRunner(Recording(), Retry(3, 1.0, 1.0, "Wrong, try again."), ReplyRenderer(tok, True),
+                           max_turns=3, max_episode_tokens=None, score=lambda texts, *rest: ([0.0] * len(texts), {}),
+                           pad_token_id=tok.pad_token_id)
+    prompts = [tok(tok.apply_chat_template([{"role": "user", "content": f"What is {i} + 1?"}], tokenize=False,
+                                           add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+               for i in (1, 2)]
+    out = runner.generate([{"prompt": "", "label": "2", "metadata": {}}] * 2, [""] * 2, prompts,
+                          SamplingParams(temperature=1.0, max_new_tokens=6, seed=5))
+    assert out.num_turns.tolist() == [3, 3] and out.env_mask.any() and len(calls) == 3
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    for b in range(2):
+        mask, n = out.loss_mask[b], int(out.response_lengths[b])
+        sampled, logq = [], []
+        for contexts, call in calls:
+            assert contexts[b] == prompts[b] + out.response_ids[b, :len(contexts[b]) - len(prompts[b])].tolist()
+            m = int(call.response_lengths[b])
+            sampled += call.response_ids[b, :m].tolist()
+            logq += call.rollout_log_probs[b, :m].tolist()
+        assert out.response_ids[b][mask].tolist() == sampled
+        assert out.rollout_log_probs[b][mask].tolist() == logq
+        assert not (mask & out.env_mask[b]).any() and bool((mask | out.env_mask[b])[:n].all())
+        ids = torch.tensor([prompts[b] + out.response_ids[b, :n].tolist()])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompts[b]) - 1:-1].double()
+        forced = logits.log_softmax(-1).gather(1, ids[0, len(prompts[b]):, None]).squeeze(1)
+        assert (forced[mask[:n]] - out.rollout_log_probs[b, :n][mask[:n]].double()).abs().max() < 1e-4
 
 
 @pytest.mark.slow
