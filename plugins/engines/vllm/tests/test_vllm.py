@@ -142,6 +142,7 @@ def test_multi_turn_trained_ids_are_the_sampled_ids(engine, tiny_dir):
     equal transformers' teacher-forced log-probs of the whole trained sequence."""
     from transformers import AutoModelForCausalLM
 
+    from relax_core.environments import EPISODE_ENDS
     from relax_core.stages.episodes import EpisodeRunner, ReplyRenderer
     from relax_retry.retry import Retry
 
@@ -163,8 +164,10 @@ def test_multi_turn_trained_ids_are_the_sampled_ids(engine, tiny_dir):
                                            add_generation_prompt=True), add_special_tokens=False)["input_ids"]
                for i in (1, 2)]
     out = runner.generate([{"prompt": "", "label": "2", "metadata": {}}] * 2, [""] * 2, prompts,
-                          SamplingParams(temperature=1.0, max_new_tokens=6, seed=5))
-    assert out.num_turns.tolist() == [3, 3] and out.env_mask.any() and len(calls) == 3
+                          SamplingParams(temperature=1.0, max_new_tokens=16, seed=5, stop=("e",)))
+    # a random model rarely samples EOS: the stop string ends its turns (else a turn that hits
+    # max_new_tokens ends the episode as turn_length)
+    assert out.num_turns.tolist() == [3, 3], [EPISODE_ENDS[int(e)] for e in out.episode_end] and out.env_mask.any() and len(calls) == 3
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
     for b in range(2):
         mask, n = out.loss_mask[b], int(out.response_lengths[b])
