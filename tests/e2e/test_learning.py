@@ -1,4 +1,5 @@
-"""Learning: GRPO raises the mean reward of the default model within a few minutes.
+"""Learning: GRPO raises the mean reward of the default model within a few minutes, in a
+single-turn run and in a multi-turn environment (``retry``).
 
 Task: the embedded SmolLM2-135M-Instruct answers the default reasoning-gym prompts and is
 rewarded for brevity (``relax_e2e_scorers.brevity``: 1 − characters/60, floored at 0).  At
@@ -56,7 +57,9 @@ def test_grpo_learns_in_a_multi_turn_environment(tmp_path):
     ≥ 0.7) is correct and ends the episode; a longer one hears "not correct, try again" and
     gets a second attempt, worth half (discount 0.5).  The reward is the episode's, so the
     policy gains by answering briefly at the first attempt.  Same margin as above, on the
-    episode rewards of the first step."""
+    episode rewards of the first step; and the episodes shorten to one turn.  (Measured on
+    2 December 2026, seed 11: reward 0.32 → 1.00, turns per episode 1.31 → 1.00 by step 3;
+    gain 0.68 against 4 standard errors of 0.47; 65 s.)"""
     code, out = run_train(["--output-dir", str(tmp_path), "--run-name", "run", "--num-rollout", str(STEPS),
                            "--rollout-batch-size", "2", "--n-samples-per-prompt", "8", "--rollout-max-response-len", "24",
                            "--rollout-temperature", "1.0", "--lr", "2e-5", "--seed", "11", "--quiet", "--no-save-hf",
@@ -75,3 +78,4 @@ def test_grpo_learns_in_a_multi_turn_environment(tmp_path):
     gain = statistics.fmean(r[-k:]) - r[0]
     assert turns[0] > 1.2, f"episodes of the untrained model should need a second attempt: turns {turns}"
     assert gain > max(0.1, 4 * se), f"rewards per step {r}, turns {turns}, gain {gain:.3f}, 4·se {4 * se:.3f}"
+    assert statistics.fmean(turns[-k:]) < turns[0] - 0.1, f"turns per episode {turns}: no fewer retries"
