@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -44,6 +45,18 @@ def opt(default: Any, help: str, *, flag: str | None = None, aliases: tuple[str,
     return field(default=default, metadata=meta)
 
 
+
+_SET_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def named_source(value: str) -> tuple[str | None, str]:
+    """An ``--eval-data`` value as ``(name or None, source)``: ``NAME=SOURCE`` when the text
+    before the first ``=`` is a plain name (letters, digits, ``_.-``), else the whole value
+    is the source (``rg:chain_sum?size=64`` has ``=`` in it) and the name is the dataset's."""
+    name, sep, source = value.partition("=")
+    return (name, source) if sep and _SET_NAME.match(name) and source else (None, value)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """Resolved configuration of one run.  Documented field by field."""
@@ -69,7 +82,7 @@ class RunConfig:
     apply_chat_template: bool = opt(True, "Apply the tokenizer's chat template to prompts.", group="data")
     system_prompt: str | None = opt(None, "Optional system prompt.", group="data")
     prompt_suffix: str | None = opt(None, "Text appended to each prompt (default: the instruction the data source declares: 'Give only the final number.' for numeric rg: tasks, nothing for files).", group="data")
-    eval_data: str | None = opt("auto", "Evaluation data (same formats as --data); 'auto': the default task's 64 evaluation prompts (another seed) when --data is the default, else none; 'none': no evaluation. Training rows with an evaluation prompt are left out (--exclude-eval-prompts).", group="eval")
+    eval_data: str | None = opt("auto", "Evaluation data, [NAME=]SOURCE (SOURCE: the formats of --data; NAME: the set's name in eval/NAME/..., default the dataset's); 'auto': the default task's 64 evaluation prompts (another seed) when --data is the default, else none; 'none': no evaluation. Training rows with an evaluation prompt are left out (--exclude-eval-prompts).", group="eval")
     eval_interval: int = opt(10, "Evaluate before the first step, every N steps and after the last (0 = never).", ge=0, group="eval")
     n_samples_per_eval_prompt: int = opt(2, "Samples per evaluation prompt.", ge=1, group="eval")
     eval_max_prompts: int = opt(64, "At most this many evaluation prompts.", ge=1, group="eval")
@@ -197,7 +210,13 @@ class RunConfig:
             return None
         if self.eval_data == "auto":
             return DEFAULT_EVAL_DATA if self.data == DEFAULT_DATA else None
-        return self.eval_data
+        return named_source(self.eval_data)[1]
+
+    @property
+    def eval_name(self) -> str | None:
+        """The evaluation set's name when ``--eval-data`` is ``NAME=SOURCE``, else ``None``
+        (the dataset's own name)."""
+        return named_source(self.eval_data)[0] if self.eval_source else None
 
     @property
     def is_async(self) -> bool:

@@ -275,7 +275,7 @@ def exclude_eval_prompts(train: Dataset, eval_data: Dataset) -> Dataset:
 
 def run_datasets(cfg: Any, registry: Any = None) -> tuple[Dataset, Dataset | None]:
     """A run's training and evaluation data: ``--data`` and ``--eval-data`` (``None`` when
-    the run has none), the training rows less the evaluation prompts under
+    the run has none; named ``NAME`` when given as ``NAME=SOURCE``), the training rows less the evaluation prompts under
     ``--exclude-eval-prompts`` (:func:`exclude_eval_prompts`).
 
     Raises:
@@ -283,6 +283,8 @@ def run_datasets(cfg: Any, registry: Any = None) -> tuple[Dataset, Dataset | Non
     """
     train = load_dataset(cfg.data, cfg, registry)
     eval_data = load_dataset(cfg.eval_source, cfg, registry) if cfg.eval_source else None
+    if eval_data is not None and cfg.eval_name:
+        eval_data = replace(eval_data, name=cfg.eval_name)
     if eval_data is not None and cfg.exclude_eval_prompts:
         train = exclude_eval_prompts(train, eval_data)
     return train, eval_data

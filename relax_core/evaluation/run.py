@@ -29,10 +29,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from relax_core.config import named_source
 from relax_core.run.launch import BadInput
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
-
 
 @dataclass(frozen=True)
 class EvalSettings:
@@ -70,17 +68,6 @@ class Target:
     defaults, with ``model`` set and the local launcher."""
     label: str
     """How the output names what was evaluated (``run/final``, ``run/step_000010``, …)."""
-
-
-def parse_eval_data(values: list[str]) -> list[tuple[str | None, str]]:
-    """``--eval-data`` values as ``(name or None, source)``: ``NAME=SOURCE`` when the text
-    before the first ``=`` is a plain name (letters, digits, ``_.-``), else the whole value is
-    the source (``rg:chain_sum?size=64`` has ``=`` in it) and the name is the dataset's."""
-    out = []
-    for v in values:
-        name, sep, source = v.partition("=")
-        out.append((name, source) if sep and _NAME_RE.match(name) and source else (None, v))
-    return out
 
 
 def _config(run_dir: Path | None, model: str | None, schemas: dict) -> Any:
@@ -302,7 +289,7 @@ def prepare(target_arg: str, *, eval_data: list[str], checkpoint: str | None, se
     # one scorer: --reward, the custom one, or the run's first --reward (its task's own scorer)
     cfg = dataclasses.replace(cfg, reward=(reward,) if reward else ("auto",) if custom_rm_path else cfg.reward[:1],
                               reward_weights=(), custom_rm_path=custom_rm_path)
-    sources = parse_eval_data(eval_data) or ([(None, cfg.eval_source)] if cfg.eval_source else [])
+    sources = [named_source(v) for v in eval_data] or ([(cfg.eval_name, cfg.eval_source)] if cfg.eval_source else [])
     if not sources:
         raise BadInput("no evaluation data: give --eval-data NAME=SOURCE (any --data format, e.g. "
                        "rg:chain_sum?size=200&seed=7)")

@@ -207,3 +207,25 @@ def test_training_rows_with_an_evaluation_prompt_are_left_out(tmp_path):
     assert kept.fingerprint == data_fingerprint(str(tmp_path / "t.jsonl"), kept.rows) != train.fingerprint
     with pytest.raises(DataError, match="every training prompt is also an evaluation prompt.*--no-exclude-eval-prompts"):
         exclude_eval_prompts(train, train)
+
+
+def test_train_eval_data_takes_a_name_as_relax_eval_does(tmp_path):
+    """`--eval-data NAME=SOURCE` names the in-training evaluation set (eval/NAME/...), as
+    `relax eval --eval-data NAME=SOURCE` does; a source with `=` in it stays whole."""
+    from relax_core.config import named_source
+    from relax_core.data import run_datasets
+
+    assert named_source("sums=rg:chain_sum?size=8&seed=7") == ("sums", "rg:chain_sum?size=8&seed=7")
+    assert named_source("rg:chain_sum?size=8&seed=7") == (None, "rg:chain_sum?size=8&seed=7")
+    assert named_source("a b=x.jsonl") == (None, "a b=x.jsonl") and named_source("p=") == (None, "p=")
+    train, held = tmp_path / "train.jsonl", tmp_path / "held.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"q{i}", "label": str(i)}) + "\n" for i in range(6)))
+    held.write_text("".join(json.dumps({"prompt": f"q{i}", "label": str(i)}) + "\n" for i in (0, 9)))
+    cfg = RunConfig(data=str(train), eval_data=f"held_out={held}")
+    assert (cfg.eval_name, cfg.eval_source) == ("held_out", str(held))
+    rows, evaluation = run_datasets(cfg)
+    assert evaluation.name == "held_out" and len(evaluation) == 2
+    assert [r["prompt"] for r in rows.rows] == ["q1", "q2", "q3", "q4", "q5"]  # q0 left out: an eval prompt
+    unnamed = run_datasets(RunConfig(data=str(train), eval_data=str(held)))[1]
+    assert unnamed.name != "held_out"
+    assert RunConfig(data=str(train), eval_data=f"held_out={held}", eval_interval=0).eval_name is None
