@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+
 def _cpu_vendor() -> str:
     """``vendor_id`` of /proc/cpuinfo (``GenuineIntel``, ``AuthenticAMD``), or ``""``."""
     try:
@@ -34,7 +36,8 @@ def _cpu_vendor() -> str:
 #: the recorded runs: ``data/<cpu vendor>/`` where one was recorded on that kind of CPU
 #: (another vendor's kernels round differently, and the sampled tokens then diverge), else
 #: ``data/`` (recorded before the core redesign, on the first development machine)
-DATA = HERE / "data" / _cpu_vendor() if _cpu_vendor() and (HERE / "data" / _cpu_vendor()).is_dir() else HERE / "data"
+_VENDOR_DATA = HERE / "data" / (_cpu_vendor() or "unknown")
+DATA = _VENDOR_DATA if _VENDOR_DATA.is_dir() else HERE / "data"
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
