@@ -19,7 +19,20 @@ BLOCKS = [block for page in ("README.md", "docs/index.md")
 
 
 def _commands(block: str) -> list[str]:
-    return [line.split(" #")[0].strip() for line in block.splitlines() if line.strip() and not line.startswith("#")]
+    """The block's commands as a shell reads them: continued lines (``\\``) joined, comments
+    dropped, and ``"$NAME"`` replaced by the value of an earlier ``NAME='...'`` line."""
+    out, variables = [], {}
+    for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+        cmd = line.split(" #")[0].strip()
+        if not cmd or cmd.startswith("#"):
+            continue
+        if m := re.fullmatch(r"([A-Z_]+)=(.+)", cmd):
+            variables[m[1]] = shlex.split(m[2])[0]
+            continue
+        for name, value in variables.items():
+            cmd = cmd.replace(f'"${name}"', shlex.quote(value))
+        out.append(cmd)
+    return out
 
 
 def test_every_bare_relax_command_comes_after_activation():
