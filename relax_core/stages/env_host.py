@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib
 import math
 import multiprocessing as mp
+import pickle
 import threading
 import time
 import traceback
@@ -236,52 +237,66 @@ class ProcessHost:
     def _run(self, calls: list[tuple[int, tuple]]) -> list[Result]:
         n = len(self._workers)
         results: dict[int, Result] = {}
+        resent: set[int] = set()  # calls sent again after their worker was found dead while idle
         for eid, msg in calls:
             self._workers[eid % n].queue.append((eid, msg))
         while True:
-            now = time.monotonic()
-            for k, w in enumerate(self._workers):
+            for k in range(n):
+                w = self._workers[k]
                 while w.busy is None and w.queue:
                     eid, msg = w.queue.popleft()
                     if msg[0] == "step" and self._owner.get(eid) != (k, w.generation):
                         results[eid] = (ENV_ERROR, "the episode was lost with its environment worker, which was "
-                                                   "replaced after another episode's call failed it")
+                                                   "replaced (a call past its timeout or a crash, or found dead)")
                         continue
                     try:
-                        w.conn.send(msg)
-                    except Exception as e:  # noqa: BLE001 - a row or turn that does not pickle, or a dead worker
-                        if isinstance(e, OSError):
-                            w.queue.appendleft((eid, msg))
-                            self._replace(k)
-                            w = self._workers[k]
-                        else:
-                            results[eid] = _error(e)
+                        data = pickle.dumps(msg)
+                    except Exception as e:  # noqa: BLE001 - a row or turn that does not pickle
+                        results[eid] = _error(e)
+                        continue
+                    try:
+                        w.conn.send_bytes(data)
+                    except OSError:  # the worker died while idle: replace it, send the call once more
+                        if eid in resent:
+                            results[eid] = (ENV_ERROR, "its environment worker died before taking the call, twice")
+                            continue
+                        resent.add(eid)
+                        w.queue.appendleft((eid, msg))
+                        self._replace(k)
+                        w = self._workers[k]
                         continue
                     if msg[0] == "start":
                         self._owner[eid] = (k, w.generation)
-                    w.busy, w.deadline = eid, now + self.timeout
+                    w.busy, w.deadline = eid, time.monotonic() + self.timeout
             busy = [w for w in self._workers if w.busy is not None]
             if not busy:
                 return [results[eid] for eid, _ in calls]
             wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())
             for conn in wait_connections([w.conn for w in busy], timeout=wait_s):
-                k = next(i for i, w in enumerate(self._workers) if w.conn is conn)
-                w = self._workers[k]
-                try:
-                    eid, fault, value = conn.recv()
-                except (EOFError, OSError):  # died in the call: segfault, os._exit, the OOM killer
-                    w.process.join(timeout=5)
-                    results[w.busy] = (ENV_ERROR, f"its environment worker died (exit code {w.process.exitcode})")
-                    self._replace(k)
-                    continue
-                results[eid] = (fault, value)
-                w.busy, w.deadline = None, math.inf
+                self._receive(next(k for k, w in enumerate(self._workers) if w.conn is conn), results)
             now = time.monotonic()
             for k, w in enumerate(self._workers):
                 if w.busy is not None and w.deadline <= now:
+                    if w.conn.poll(0):  # it answered in time; read next round (a replacement may have delayed us)
+                        continue
                     results[w.busy] = (ENV_TIMEOUT, f"a call ran past --env-timeout {self.timeout:g} s; its "
                                                     "worker was killed")
                     self._replace(k)
+
+    def _receive(self, k: int, results: dict[int, Result]) -> None:
+        """Read worker ``k``'s answer to its call in flight into ``results``."""
+        w = self._workers[k]
+        try:
+            eid, fault, value = w.conn.recv()
+        except (EOFError, OSError):  # died in the call: segfault, os._exit, the OOM killer
+            w.process.join(timeout=5)
+            results[w.busy] = (ENV_ERROR, f"its environment worker died (exit code {w.process.exitcode})")
+            self._replace(k)
+            return
+        except Exception as e:  # noqa: BLE001 - a reply that does not unpickle here
+            eid, fault, value = w.busy, *_error(e)
+        results[eid] = (fault, value)
+        w.busy, w.deadline = None, math.inf
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""

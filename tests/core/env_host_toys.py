@@ -8,6 +8,13 @@ import time
 from relax_core.environments import Reply
 
 
+class Unreadable(Exception):
+    """Pickles, but does not unpickle (its __init__ needs two arguments, pickle passes one)."""
+
+    def __init__(self, a, b):
+        super().__init__(a)
+
+
 class Episode:
     def __init__(self, mode):
         self.mode, self.turns = mode, 0
@@ -23,6 +30,10 @@ class Episode:
                 os.kill(os.getpid(), signal.SIGSEGV)
             if self.mode == "junk":
                 return "done"
+            if self.mode == "slow":
+                time.sleep(0.1)
+            if self.mode == "unreadable":
+                return Reply(messages=({"role": "user", "content": Unreadable("x", "y")},))
             if self.mode == "unpicklable":
                 return Reply(messages=({"role": "user", "content": lambda: 0},))
         return Reply(messages=({"role": "user", "content": f"{self.mode} {self.turns} {os.getpid()}"},),

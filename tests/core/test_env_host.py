@@ -82,6 +82,48 @@ def test_bad_replies_are_errors_without_restarts(host):
     assert unpicklable[0] == ENV_ERROR and "pickle" in unpicklable[1].lower()
     assert ok[0] is None and ok[1].messages[0]["content"].startswith("ok 2 ")
     assert host.restarts == 0
+    host.start(_rows("unreadable", "ok"))
+    host.step([0, 1], _turns(2, 0))
+    unreadable, ok = host.step([0, 1], _turns(2, 1))  # the worker sent it; the parent cannot read it
+    assert unreadable[0] == ENV_ERROR and unreadable[1].startswith("TypeError:") and ok[0] is None
+    assert host.restarts == 0
+
+
+def test_a_worker_found_dead_between_calls_is_replaced(host):
+    host.start(_rows("ok", "ok"))
+    host.step([0, 1], _turns(2, 0))
+    host._workers[0].process.kill()  # the OOM killer, while the worker waits for its next call
+    host._workers[0].process.join(5)
+    lost, ok = host.step([0, 1], _turns(2, 1))
+    assert lost[0] == ENV_ERROR and lost[1].startswith("the episode was lost with its environment worker")
+    assert ok[0] is None and ok[1].messages[0]["content"].startswith("ok 2 ")
+    assert host.restarts == 1
+    host._workers[1].process.kill()  # dead before the next step's starts: they go to its replacement
+    host._workers[1].process.join(5)
+    assert host.start(_rows("ok", "ok")) == [(None, 0), (None, 1)] and host.restarts == 2
+    assert all(f is None for f, _ in host.step([0, 1], _turns(2, 0)))
+
+
+def test_an_answer_waiting_at_the_deadline_is_not_a_timeout():
+    """A replacement (spawn + build) blocks the host; a worker that answered meanwhile must not
+    be killed as timed out when the host looks again after its deadline."""
+    host = ProcessHost(FACTORY, None, RunConfig(), timeout=0.3, workers=2)
+    try:
+        host.start(_rows("segv", "slow"))  # the crash is read first, the slow answer during the replacement
+        host.step([0, 1], _turns(2, 0))
+        slow_spawn = host._spawn
+
+        def spawn():  # a replacement that takes past the other worker's deadline
+            time.sleep(0.6)
+            return slow_spawn()
+
+        host._spawn = spawn
+        died, ok = host.step([0, 1], _turns(2, 1))
+        assert died[0] == ENV_ERROR and "died" in died[1]
+        assert ok[0] is None and ok[1].messages[0]["content"].startswith("slow 2 "), ok
+        assert host.restarts == 1
+    finally:
+        host.close()
 
 
 def test_process_and_thread_hosts_agree_when_nothing_fails():
