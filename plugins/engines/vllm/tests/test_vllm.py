@@ -146,6 +146,8 @@ def test_multi_turn_trained_ids_are_the_sampled_ids(engine, tiny_dir):
     from relax_core.stages.episodes import EpisodeRunner, ReplyRenderer
     from relax_retry.retry import Retry
 
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    engine.update_weights(model.state_dict(), version=engine.version + 1)  # an earlier test pushed other weights
     calls = []
 
     class Recording:
@@ -167,8 +169,8 @@ def test_multi_turn_trained_ids_are_the_sampled_ids(engine, tiny_dir):
                           SamplingParams(temperature=1.0, max_new_tokens=16, seed=5, stop=("e",)))
     # a random model rarely samples EOS: the stop string ends its turns (else a turn that hits
     # max_new_tokens ends the episode as turn_length)
-    assert out.num_turns.tolist() == [3, 3], [EPISODE_ENDS[int(e)] for e in out.episode_end] and out.env_mask.any() and len(calls) == 3
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    assert out.num_turns.tolist() == [3, 3], [EPISODE_ENDS[int(e)] for e in out.episode_end]
+    assert out.env_mask.any() and len(calls) == 3
     for b in range(2):
         mask, n = out.loss_mask[b], int(out.response_lengths[b])
         sampled, logq = [], []
