@@ -45,7 +45,6 @@ def opt(default: Any, help: str, *, flag: str | None = None, aliases: tuple[str,
     return field(default=default, metadata=meta)
 
 
-
 _SET_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 

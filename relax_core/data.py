@@ -275,8 +275,8 @@ def exclude_eval_prompts(train: Dataset, eval_data: Dataset) -> Dataset:
 
 def run_datasets(cfg: Any, registry: Any = None) -> tuple[Dataset, Dataset | None]:
     """A run's training and evaluation data: ``--data`` and ``--eval-data`` (``None`` when
-    the run has none; named ``NAME`` when given as ``NAME=SOURCE``), the training rows less the evaluation prompts under
-    ``--exclude-eval-prompts`` (:func:`exclude_eval_prompts`).
+    the run has none; named ``NAME`` when given as ``NAME=SOURCE``), the training rows less
+    the evaluation prompts under ``--exclude-eval-prompts`` (:func:`exclude_eval_prompts`).
 
     Raises:
         DataError: a source cannot be read, or no training row is left.

@@ -32,6 +32,7 @@ from typing import Any
 from relax_core.config import named_source
 from relax_core.run.launch import BadInput
 
+
 @dataclass(frozen=True)
 class EvalSettings:
     """Eval sampling and size, independent of the training run's ``--rollout-*`` settings."""

@@ -280,7 +280,8 @@ def _worker_main(conn: Any, payload: bytes) -> None:
     A terminal's Ctrl-C sends SIGINT to the whole foreground process group, workers
     included: a worker ignores it (the parent finishes the step with every sample scored,
     then stops the workers).  It is already ignored while the worker starts (see
-    :meth:`ScoringPool._start`); setting it here covers a pool started off the main thread.
+    :func:`relax_core.run.interrupts.spawn_worker`); :func:`~relax_core.run.interrupts.as_worker`
+    covers a pool started off the main thread.
     """
     as_worker()
     try:
