@@ -347,15 +347,17 @@ def run_eval(target: Target, sets: list[EvalSet], scorer: Any, settings: EvalSet
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     engine = reg.get("engine", cfg.rollout_engine).spec.build(cfg.params_for(cfg.rollout_engine), cfg)
+    episodes = None
     try:
         if target.weights is not None:
             from safetensors.torch import load_file
 
             engine.update_weights(load_file(str(target.weights)), 0)
         score = make_score([scorer], cfg)
+        episodes = build_runner(cfg, reg, engine, score)
         comps = Components(engine=engine, backend=None, estimator=None, corrections=[], processors=[],
                            score=score, sampler=None,  # evaluation draws no training prompts
-                           episodes=build_runner(cfg, reg, engine, score))
+                           episodes=episodes)
         rollout = Rollout(cfg, comps, sets[0].data, Publisher(engine, lambda: None, 1))
         max_len = settings.max_response_len or cfg.rollout_max_response_len
         results, samples = {}, []
@@ -366,6 +368,8 @@ def run_eval(target: Target, sets: list[EvalSet], scorer: Any, settings: EvalSet
                                 **metrics}
             samples += records
     finally:
+        if episodes is not None:
+            episodes.close()
         shutdown = getattr(engine, "shutdown", None)
         if shutdown:
             shutdown()

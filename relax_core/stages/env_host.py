@@ -43,6 +43,9 @@ from relax_core.run.interrupts import as_worker, messages, spawn_worker, stop_wo
 ENV_ERROR, ENV_TIMEOUT = (EPISODE_ENDS.index(e) for e in FAULT_ENDS)
 #: seconds a spawned worker may take to import the environment's plugin and build it
 STARTUP_TIMEOUT = 120.0
+#: the longest single wait (seconds); longer timeouts are waited in pieces (``select`` and
+#: ``poll`` take milliseconds as a C int, about 2.1e6 s at most)
+MAX_WAIT = 3600.0
 Result = tuple[int | None, Any]  # (None, value) | (ENV_ERROR, text) | (ENV_TIMEOUT, text)
 
 
@@ -81,7 +84,8 @@ def call_all(calls: list[Callable[[], Any]], timeout: float, workers: int) -> li
             t.start()
         deadline = time.monotonic() + timeout
         for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+            while t.is_alive() and (left := deadline - time.monotonic()) > 0:
+                t.join(min(left, MAX_WAIT))
     return list(out)  # a copy: an abandoned thread that returns later changes nothing
 
 
@@ -271,7 +275,7 @@ class ProcessHost:
             busy = [w for w in self._workers if w.busy is not None]
             if not busy:
                 return [results[eid] for eid, _ in calls]
-            wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+            wait_s = min(MAX_WAIT, max(0.0, min(w.deadline for w in busy) - time.monotonic()))
             for conn in wait_connections([w.conn for w in busy], timeout=wait_s):
                 self._receive(next(k for k, w in enumerate(self._workers) if w.conn is conn), results)
             now = time.monotonic()

@@ -164,15 +164,13 @@ class EpisodeRunner:
         score: for environments declaring ``scores_turns``, the run's
             ``score(responses, labels, metadata, prompts) -> (rewards, metrics)``; else ``None``.
         pad_token_id: pads ``response_ids``.
-        env_timeout: ``--env-timeout``, seconds per environment call.
-        env_workers: ``--env-num-workers``, environment calls at once.
-        host: where the calls run (:mod:`relax_core.stages.env_host`); default a
-            :class:`~relax_core.stages.env_host.ThreadHost` of ``environment``.
+        host: where the environment's calls run, under ``--env-timeout``, ``--env-num-workers``
+            at once (:mod:`relax_core.stages.env_host`: a ``ThreadHost`` of ``environment`` or
+            a ``ProcessHost`` of its spec); :meth:`close` closes it.
     """
 
     def __init__(self, engine: Any, environment: Any, renderer: ReplyRenderer, *, max_turns: int,
-                 max_episode_tokens: int | None, score: Callable | None, pad_token_id: int,
-                 env_timeout: float = 60.0, env_workers: int = 4, host: Any = None):
+                 max_episode_tokens: int | None, score: Callable | None, pad_token_id: int, host: Any):
         self.engine = engine
         self.environment = environment
         self.renderer = renderer
@@ -180,7 +178,7 @@ class EpisodeRunner:
         self.max_episode_tokens = max_episode_tokens
         self.score = score
         self.pad_token_id = pad_token_id
-        self.host = host if host is not None else ThreadHost(environment, env_timeout, env_workers)
+        self.host = host
         self._warned = False  # the first failed environment call of a generate() call is logged
         self.metrics: dict[str, float] = {}
         """Counts of the last :meth:`generate` call: the scorer's (``rollout/reward_errors``, …)
@@ -199,6 +197,10 @@ class EpisodeRunner:
                     self._warned = True
                     log.warning("environment %s: %s", type(self.environment).__name__, value)
         return [v if f is None else None for f, v in results]
+
+    def close(self) -> None:
+        """Close the host (stops a ``ProcessHost``'s workers); idempotent."""
+        self.host.close()
 
     def generate(self, rows: list[dict], prompts: list[str], prompt_ids: list[list[int]],
                  sampling: SamplingParams) -> GenerationOutput:
@@ -372,7 +374,8 @@ def build_runner(cfg: Any, reg: Any, engine: Any, score: Callable | None) -> Epi
 
 def single_turn_runner(engine: Any, cfg: Any) -> EpisodeRunner:
     """The runner of a loop built without an environment (tests): :class:`SingleTurn`."""
-    return EpisodeRunner(engine, SingleTurn(), ReplyRenderer(engine.tokenizer, False), max_turns=1,
+    env = SingleTurn()
+    return EpisodeRunner(engine, env, ReplyRenderer(engine.tokenizer, False), max_turns=1,
                          max_episode_tokens=cfg.max_episode_tokens, score=None,
-                         pad_token_id=engine.tokenizer.pad_token_id or 0, env_timeout=cfg.env_timeout,
-                         env_workers=cfg.env_num_workers)
+                         pad_token_id=engine.tokenizer.pad_token_id or 0,
+                         host=ThreadHost(env, cfg.env_timeout, cfg.env_num_workers))

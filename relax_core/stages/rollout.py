@@ -426,7 +426,8 @@ class SyncSource:
             return self.rollout.evaluate(eval_data, step)
 
     def close(self) -> None:
-        pass
+        """Close the episode runner (a ``ProcessHost``'s workers stop)."""
+        self.rollout.episodes.close()
 
 
 class AsyncSource(SyncSource):
@@ -507,3 +508,4 @@ class AsyncSource(SyncSource):
         if self._thread is not None:
             self._thread.join(timeout=600)
             self._thread = None
+        super().close()

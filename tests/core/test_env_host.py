@@ -144,6 +144,23 @@ def test_process_and_thread_hosts_agree_when_nothing_fails():
     assert seen[0] == seen[1] == [[("ok 1", 1.0), ("a 1", 1.0), ("b 1", 1.0)], [("ok 2", 2.0), ("a 2", 2.0), ("b 2", 2.0)]]
 
 
+@pytest.mark.parametrize("timeout", [3e6, 1e9, math.inf])
+def test_timeouts_longer_than_a_wait_can_take(timeout):
+    """An --env-timeout past what select/poll (milliseconds in a C int, about 2.1e6 s) or a
+    thread join accept is waited in pieces: calls answer as usual (it raised OverflowError)."""
+    from env_host_toys import Counting
+
+    proc = ProcessHost(FACTORY, None, RunConfig(), timeout=timeout, workers=1)
+    try:
+        for h in (proc, ThreadHost(Counting(), timeout, 1)):
+            started = h.start(_rows("ok"))
+            assert started[0][0] is None
+            (fault, reply), = h.step([started[0][1]], _turns(1, 0))
+            assert fault is None and reply.reward == 1.0
+    finally:
+        proc.close()
+
+
 def test_a_worker_that_cannot_build_the_environment_stops_at_once():
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="(?s)could not build the environment:.*ValueError: cannot build"):

@@ -13,6 +13,7 @@ import torch
 from relax_core.batch import Batch, length_mask
 from relax_core.contracts import GenerationOutput, SamplingParams
 from relax_core.environments import EPISODE_ENDS, Reply
+from relax_core.stages.env_host import ThreadHost
 from relax_core.stages.episodes import EpisodeRunner, ReplyRenderer, episode_metrics, turn_seed
 
 EOS = 2  # <|im_end|> of the SmolLM2 tokenizer (also its pad id)
@@ -78,7 +79,7 @@ def run(tokenizer, scripts, replies, rewards, *, max_turns=4, limit=None, max_ne
     engine = ScriptedEngine(tokenizer, scripts)
     env = ScriptedEnv(replies, rewards)
     runner = EpisodeRunner(engine, env, ReplyRenderer(tokenizer, True), max_turns=max_turns,
-                           max_episode_tokens=limit, score=None, pad_token_id=EOS)
+                           max_episode_tokens=limit, score=None, pad_token_id=EOS, host=ThreadHost(env, 60.0, 4))
     rows = [{"prompt": p, "label": None, "metadata": {}} for p in scripts]
     out = runner.generate(rows, [""] * len(rows), [[p, 51] for p in scripts], SamplingParams(max_new_tokens=max_new,
                                                                                                seed=seed))
@@ -237,8 +238,9 @@ def test_scored_turns_reach_the_environment_and_their_counts_are_kept(tokenizer)
                                                    "rollout/reward/math/invalid": 1.0}
 
     engine = ScriptedEngine(tokenizer, {100: [[1010, EOS], [1011, EOS], [1012, EOS]], 101: [[1020, EOS]]})
-    runner = EpisodeRunner(engine, Retry(3, 0.5, 1.0, "again"), ReplyRenderer(tokenizer, True), max_turns=3,
-                           max_episode_tokens=None, score=score, pad_token_id=EOS)
+    env = Retry(3, 0.5, 1.0, "again")
+    runner = EpisodeRunner(engine, env, ReplyRenderer(tokenizer, True), max_turns=3,
+                           max_episode_tokens=None, score=score, pad_token_id=EOS, host=ThreadHost(env, 60.0, 4))
     out = runner.generate([{"prompt": "", "label": "5", "metadata": {}}] * 2, ["", ""], [[100, 51], [101, 51]],
                           SamplingParams(max_new_tokens=4))
     # turn 0: 100 unscored (wrong: feedback), 101 right (reward 1 · 0.5⁰); turns 1, 2: 100 alone, unscored,
@@ -326,7 +328,7 @@ def test_a_raising_or_hanging_environment_ends_only_its_episode(tokenizer, caplo
     env = FaultyEnv(replies, rewards, {101: ("raise", 0), 102: ("hang", 1), 103: "start", 104: ("junk", 1)})
     engine = ScriptedEngine(tokenizer, scripts)
     runner = EpisodeRunner(engine, env, ReplyRenderer(tokenizer, True), max_turns=3, max_episode_tokens=None,
-                           score=None, pad_token_id=EOS, env_timeout=0.5, env_workers=2)
+                           score=None, pad_token_id=EOS, host=ThreadHost(env, 0.5, 2))
     rows = [{"prompt": p, "label": "x", "metadata": {}} for p in scripts]
     start = time.monotonic()
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing as mp
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from conftest import run_train, tiny_args
 
 from relax_core.contracts import SamplingParams
 from relax_core.environments import EPISODE_ENDS, Reply, Turn
+from relax_core.stages.env_host import ThreadHost
 from relax_core.stages.episodes import EpisodeRunner, ReplyRenderer
 from relax_core.reporting.metrics import read_metrics
 from relax_core.host.plugins import default_registry
@@ -70,7 +72,8 @@ def test_trained_ids_are_the_sampled_ids(name, tool, engine):
     rec = Recording(engine)
     score = (lambda texts, *rest: ([0.0] * len(texts), {})) if caps.scores_turns else None  # always wrong: retry
     runner = EpisodeRunner(rec, env, ReplyRenderer(engine.tokenizer, True), max_turns=3 if caps.multi_turn else 1,
-                           max_episode_tokens=None, score=score, pad_token_id=engine.pad_token_id)
+                           max_episode_tokens=None, score=score, pad_token_id=engine.pad_token_id,
+                           host=ThreadHost(env, 60.0, 4))
     prompts = [engine.tokenizer(engine.tokenizer.apply_chat_template(
         [{"role": "user", "content": f"What is {i} + 1?"}], tokenize=False, add_generation_prompt=True),
         add_special_tokens=False)["input_ids"] for i in (1, 1, 2)]  # a group of two, and one more
@@ -142,6 +145,7 @@ def test_process_isolation_trains_the_same_as_threads(tiny_model_dir, prompts_fi
                                         "--max-turns", "3", "--rollout-stop", "e", "--env-isolation", iso,
                                         "--no-save-hf", "--eval-data", "none"))
         assert code == 0, out
+        assert not [p for p in mp.active_children() if p.name == "relax-env-worker"]  # the run closed its host
         runs[iso] = [{k: v for k, v in r.items() if not k.startswith(("perf/", "time/")) and "_time" not in k}
                      for r in read_metrics(tmp_path / iso / "run")]
     assert runs["thread"][0]["rollout/num_turns/mean"] > 1  # several turns: the workers were stepped

@@ -143,6 +143,7 @@ def test_multi_turn_trained_ids_are_the_sampled_ids(engine, tiny_dir):
     from transformers import AutoModelForCausalLM
 
     from relax_core.environments import EPISODE_ENDS
+    from relax_core.stages.env_host import ThreadHost
     from relax_core.stages.episodes import EpisodeRunner, ReplyRenderer
     from relax_retry.retry import Retry
 
@@ -159,9 +160,10 @@ def test_multi_turn_trained_ids_are_the_sampled_ids(engine, tiny_dir):
             return out
 
     tok = engine.tokenizer
-    runner = EpisodeRunner(Recording(), Retry(3, 1.0, 1.0, "Wrong, try again."), ReplyRenderer(tok, True),
+    env = Retry(3, 1.0, 1.0, "Wrong, try again.")
+    runner = EpisodeRunner(Recording(), env, ReplyRenderer(tok, True),
                            max_turns=3, max_episode_tokens=None, score=lambda texts, *rest: ([0.0] * len(texts), {}),
-                           pad_token_id=tok.pad_token_id)
+                           pad_token_id=tok.pad_token_id, host=ThreadHost(env, 60.0, 4))
     prompts = [tok(tok.apply_chat_template([{"role": "user", "content": f"What is {i} + 1?"}], tokenize=False,
                                            add_generation_prompt=True), add_special_tokens=False)["input_ids"]
                for i in (1, 2)]

@@ -8,6 +8,7 @@ import torch
 
 from relax_core.contracts import SamplingParams
 from relax_core.environments import EPISODE_ENDS, Turn
+from relax_core.stages.env_host import ThreadHost
 from relax_core.stages.episodes import EpisodeRunner, ReplyRenderer
 from relax_gymnasium import plugin
 from relax_gymnasium.adapter import seed_of
@@ -112,8 +113,10 @@ def test_tiny_model_plays_a_few_steps(tiny_model_dir):
 
     engine = HFEngine(str(tiny_model_dir), seed=0)
     env = _spec().build()
-    runner = EpisodeRunner(engine, Mover(env), ReplyRenderer(engine.tokenizer, True), max_turns=4,
-                           max_episode_tokens=None, score=None, pad_token_id=engine.pad_token_id)
+    mover = Mover(env)
+    runner = EpisodeRunner(engine, mover, ReplyRenderer(engine.tokenizer, True), max_turns=4,
+                           max_episode_tokens=None, score=None, pad_token_id=engine.pad_token_id,
+                           host=ThreadHost(mover, 60.0, 4))
     text = env.prompt("Cross the lake.")
     ids = engine.tokenizer(engine.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                                                 add_generation_prompt=True),

@@ -160,6 +160,33 @@ def test_a_hang_is_stopped_at_the_wall_timeout():
     assert not _leftover_sandboxes()
 
 
+def test_a_killed_environment_worker_takes_its_sandbox_with_it():
+    """--env-isolation process: a python call past --env-timeout (its own timeout is longer)
+    gets the environment worker SIGKILLed; the sandbox it started (a new session, so no
+    process-group kill reaches it) dies with it (bwrap --die-with-parent), not at its own
+    60 s timeout."""
+    from relax_core.config import RunConfig
+    from relax_core.environments import Turn
+    from relax_core.stages.env_host import ENV_TIMEOUT, ProcessHost
+
+    params = plugin.relax_register_environments()[0].params(use="python", python_timeout=60.0)
+    host = ProcessHost("relax_tools.tools:build", params, RunConfig(), timeout=3.0, workers=1)
+    seen = []
+    try:
+        (fault, handle), = host.start([{"prompt": "", "label": None, "metadata": {}}])
+        assert fault is None
+        call = '<tool_call>{"name": "python", "arguments": {"code": "import time; time.sleep(60)"}}</tool_call>'
+        probe = threading.Timer(1.5, lambda: seen.append(_leftover_sandboxes(grace=0.0)))
+        probe.start()
+        (fault, text), = host.step([handle], [Turn(text=call, index=0)])
+        probe.join()
+        assert fault == ENV_TIMEOUT and host.restarts == 1
+        assert seen[0], "the sandbox was not running during the call (the control)"
+        assert not _leftover_sandboxes(grace=3.0)
+    finally:
+        host.close()
+
+
 def test_memory_limit():
     msg = _tool("x = bytearray(2 ** 31)")  # 2 GiB > 512 MiB
     assert "MemoryError" in msg
