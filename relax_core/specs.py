@@ -488,6 +488,12 @@ class RewardScorerSpec(ComponentSpec):
     ``relax train`` scores a few known-bad responses with it before training (empty, the
     prompt echoed, a refusal, the bare label where the prompt asks for reasoning) and warns
     when they score as high as a correct answer (:func:`relax_core.host.reward_check.bad_response_probe`)."""
+    ray_num_gpus: Callable[[Any], float] | None = None
+    """Set for a scorer that, under ``--launcher ray``, runs in a Ray actor of its own: the
+    GPUs that actor needs, from the scorer's parameters (a reward model: 1 on ``cuda``, 0 on
+    ``cpu``; :mod:`relax_core.distributed.scoring`).  ``None``: scored in the driver's reward
+    workers.  Only with ``--reward NAME`` (``auto`` chooses the scorer per sample).  A
+    module-level function: the spec travels with the scorer to its workers."""
     counts: tuple[str, ...] = ()
     """Names of the counts the scorer reports (e.g. ``("invalid",)`` for an LLM judge's
     unparseable verdicts): its function has ``pop_counts() -> dict[str, int]``, called by the

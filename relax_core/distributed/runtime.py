@@ -12,7 +12,9 @@ Resources (``--actor-*``, ``--rollout-*`` flags; CPU counts stand in for GPUs on
   is offloaded after each generation when its plugin has ``offload()``/``onload()``; on
   CPU nothing needs offloading: the engine simply runs on the rank's CPU);
 - reward scoring stays in the driver (the ``--reward-num-workers`` process pool of
-  :mod:`relax_core.stages.rewarding`), which needs no placement.
+  :mod:`relax_core.stages.rewarding`), which needs no placement, except for a scorer whose
+  spec sets ``ray_num_gpus`` (a reward model): it gets a Ray actor of its own, with those
+  GPUs and no CPU reservation (:mod:`relax_core.distributed.scoring`).
 
 ``--ray-address auto|<address>`` joins a running cluster (keep its token authentication
 on); otherwise Relax starts a local Ray bound to 127.0.0.1 with enough logical CPUs for
@@ -53,6 +55,24 @@ class RayRuntime:
     workers: list[Any] = field(default_factory=list)
     groups: list[Any] = field(default_factory=list)
     started_ray: bool = False
+    scorers: list[Any] = field(default_factory=list)
+
+    def scorer_pools(self, scorers: list[Any], num_workers: int) -> list[Any]:
+        """Per scorer, the :class:`~relax_core.distributed.scoring.ActorScoringPool` it runs
+        in (its own Ray actor, started now) or ``None`` (the driver's reward workers); the
+        actors are stopped by :meth:`shutdown`.
+
+        Raises:
+            RewardSetupError: an actor cannot get its GPUs or does not start."""
+        from relax_core.distributed.scoring import ActorScoringPool, actor_gpus
+
+        out = []
+        for s in scorers:
+            gpus = actor_gpus(s)
+            out.append(None if gpus is None else ActorScoringPool(s, num_workers, gpus))
+            if out[-1] is not None:
+                self.scorers.append(out[-1])
+        return out
 
     @staticmethod
     def worker_died(e: BaseException) -> bool:
@@ -64,6 +84,8 @@ class RayRuntime:
         import ray
         from ray.util.placement_group import remove_placement_group
 
+        for pool in self.scorers:
+            pool.close()
         self.backend.shutdown()
         for a in self.engines + self.workers:
             ray.kill(a, no_restart=True)

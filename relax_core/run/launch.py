@@ -250,22 +250,24 @@ def prepare_run_dir(cfg: Any, run_dir: Path, fresh: bool) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
-def make_score(scorers: list[Any], cfg: Any) -> Any:
+def make_score(scorers: list[Any], cfg: Any, pools: list[Any] | None = None) -> Any:
     """``score(responses, labels, metadata, prompts) -> (rewards, metrics)`` over the run's
     scorers (one per ``--reward``), each run in a worker pool with timeouts
     (:func:`relax_core.stages.rewarding.score_batch`; the prompts reach the scorers as
     ``metadata["prompt"]``), combined with ``--reward-weights``
-    (:mod:`relax_core.stages.reward_mix`: with several, each one's mean is ``rollout/reward/<name>``)."""
+    (:mod:`relax_core.stages.reward_mix`: with several, each one's mean is ``rollout/reward/<name>``).
+    ``pools[j]``, where given, is the pool scorer ``j`` runs in (its Ray actor)."""
     from relax_core.stages import reward_mix, rewarding
 
     weights = reward_mix.weights(cfg) if cfg.reward_weights else (1.0,) * len(scorers)
+    pools = pools or [None] * len(scorers)
 
     def score(responses: list[str], labels: list[Any], metadata: list[dict],
               prompts: list[str]) -> tuple[list[Any], dict[str, float]]:
         parts, metrics = [], {f"rollout/{k}": 0.0 for k in ("reward_errors", "reward_timeouts")}
-        for scorer in scorers:
+        for scorer, pool in zip(scorers, pools):
             rewards, stats = rewarding.score_batch(scorer, responses, labels, metadata, timeout=cfg.reward_timeout,
-                                                   num_workers=cfg.reward_num_workers, prompts=prompts)
+                                                   num_workers=cfg.reward_num_workers, prompts=prompts, pool=pool)
             parts.append(rewards)
             for k, v in stats.items():
                 metrics[f"rollout/{k}"] = metrics.get(f"rollout/{k}", 0.0) + float(v)
@@ -403,7 +405,8 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
         backend.setup(needs_ref=needs_ref, needs_critic=est_caps.needs_critic,
                       needs_top_k=top_k > 0, routing_replay=routed, critic_settings=critic_settings)
 
-    score = RewardWatch(make_score(scorers, cfg), scorers, notify=display.message)
+    pools = runtime.scorer_pools(scorers, cfg.reward_num_workers) if runtime else None  # model rewards' actors
+    score = RewardWatch(make_score(scorers, cfg, pools), scorers, notify=display.message)
     comps = Components(
         engine=engine, backend=backend, estimator=estimator, corrections=corrections,
         advantage_terms=advantage_terms, processors=processors,

@@ -534,7 +534,7 @@ def shutdown_pools() -> None:
 
 def score_batch(scorer: Any, responses: Sequence[str], labels: Sequence[Any],
                 metadata: Sequence[dict | None], *, timeout: float, num_workers: int,
-                prompts: Sequence[str] | None = None) -> tuple[list[float | None], dict[str, int]]:
+                prompts: Sequence[str] | None = None, pool: Any = None) -> tuple[list[float | None], dict[str, int]]:
     """Score a batch: one reward per sample, in order.
 
     Args:
@@ -546,6 +546,8 @@ def score_batch(scorer: Any, responses: Sequence[str], labels: Sequence[Any],
         timeout: seconds one scorer call may take (``--reward-timeout``).
         num_workers: worker processes (``--reward-num-workers``); the pool is started on the
             first call and reused while the same scorer and worker count are used.
+        pool: the pool to score in instead (a scorer's Ray actor:
+            :class:`relax_core.distributed.scoring.ActorScoringPool`).
 
     Returns:
         ``(rewards, stats)``: ``rewards`` a list of ``B`` floats or ``None`` (unscored), in
@@ -564,7 +566,7 @@ def score_batch(scorer: Any, responses: Sequence[str], labels: Sequence[Any],
         metadata = [{**(m or {}), "prompt": p} for m, p in zip(metadata, prompts)]
     if not responses:
         return [], {"reward_errors": 0, "reward_timeouts": 0}
-    return _pool_for(scorer, num_workers).score(responses, labels, metadata, timeout)
+    return (pool or _pool_for(scorer, num_workers)).score(responses, labels, metadata, timeout)
 
 
 # --------------------------------------------------------------------------- post-processing

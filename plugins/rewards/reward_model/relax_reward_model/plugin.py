@@ -13,7 +13,8 @@ class RewardModelParams:
     batch_size: int = param(16, "Samples per forward pass.", unit="samples", ge=1)
     max_length: int = param(2048, "Tokens of prompt + response scored; longer texts lose their beginning (the "
                             "response's end is kept).", unit="tokens", ge=8)
-    device: str = param("cpu", "Device of the reward model (each reward worker loads its own copy).",
+    device: str = param("cpu", "Device of the reward model (each reward worker loads its own copy; under "
+                        "--launcher ray the workers run in the scorer's own Ray actor, with one GPU for cuda).",
                         choices=("cpu", "cuda"))
     normalize: str = param("none", "Score normalisation: none (the model's logit) or sigmoid (in (0, 1)).",
                            choices=("none", "sigmoid"))
@@ -28,6 +29,11 @@ class RewardModelParams:
         return []
 
 
+def actor_gpus(p: RewardModelParams) -> float:
+    """The GPUs of its Ray actor under --launcher ray: one on cuda, none on cpu."""
+    return 1.0 if p.device == "cuda" else 0.0
+
+
 @hookimpl
 def relax_register_reward_scorers():
     return [RewardScorerSpec(
@@ -40,4 +46,5 @@ def relax_register_reward_scorers():
         batched=True,
         self_check=False,  # a learned score has no 'correct label' to check
         model_based=True,
+        ray_num_gpus=actor_gpus,
     )]

@@ -10,26 +10,14 @@ import pytest
 
 from relax_core.testing import check_contract
 from relax_reward_model.plugin import RewardModelParams, relax_register_reward_scorers
+from relax_reward_model.testing import tiny_reward_model
 
 SPEC = relax_register_reward_scorers()[0]
 
 
 @pytest.fixture(scope="module")
 def rm_dir(tmp_path_factory):
-    import torch
-    from transformers import Qwen3Config, Qwen3ForSequenceClassification
-
-    from relax_core.models import byte_tokenizer
-
-    d = tmp_path_factory.mktemp("rm")
-    tok = byte_tokenizer()
-    cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=16, intermediate_size=64, num_labels=1,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    Qwen3ForSequenceClassification(cfg).save_pretrained(d)
-    tok.save_pretrained(d)
-    return str(d)
+    return tiny_reward_model(tmp_path_factory.mktemp("rm"))
 
 
 def plain_forward(rm_dir, text):
