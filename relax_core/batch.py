@@ -49,7 +49,8 @@ class Field:
         dtype: ``"long"``, ``"float32"`` or ``"bool"`` (``None`` for objects).
         pad: the value right-padding a token field beyond a sample's length
             (:data:`PAD_TOKEN`: the tokenizer's pad id).
-        trailing: names of the trailing dimensions of a token field, e.g. ``("k",)``.
+        trailing: names of the trailing dimensions of a token field (``[B, T, k]``) or a
+            sample field (``[B, J]``), e.g. ``("k",)``.
         stage: which stage produces it: ``rollout`` (engine), ``reward`` (scorer and
             post-processors), ``loop`` (the core's bookkeeping), ``advantage`` (the
             backend's no-grad forwards and the estimator), ``train`` (the backend's forward
@@ -127,6 +128,9 @@ CORE_FIELDS: tuple[Field, ...] = (
     _f("metadata", "object", None, "loop", "the dataset's metadata of each sample"),
     # reward
     _f("rewards", "sample", "float32", "reward", "scalar reward after the post-processors; NaN = unscored"),
+    _f("reward_parts", "sample", "float32", "reward",
+       "each --reward scorer's raw reward, in --reward order (NaN = that scorer did not score the sample); "
+       "in runs with several --reward", trailing=("J",)),
     # advantage: no-grad forwards of the backend, then the estimator
     _f("old_log_probs", "token", "float32", "advantage", "log π_old (recomputed, or the rollout log-probs)"),
     _f("ref_log_probs", "token", "float32", "advantage", "log π_ref of the reference model"),
@@ -148,6 +152,10 @@ FIELDS: dict[str, Field] = {f.name: f for f in CORE_FIELDS}
 EPISODE_FIELDS = frozenset({"env_mask", "turn_index", "turn_rewards", "num_turns", "episode_end", "env_rewards",
                             "transcripts"})
 
+#: The fields of a composite reward: the reward stage gives them when the run has several
+#: ``--reward`` scorers, and only then.
+REWARD_PARTS_FIELDS = frozenset({"reward_parts"})
+
 #: The fields of a teacher (``--teacher-model``): a backend that declares them in
 #: ``provides_fields`` computes them when the run has a teacher, and only then.
 TEACHER_FIELDS = frozenset({"teacher_log_probs"})
@@ -156,9 +164,11 @@ TEACHER_FIELDS = frozenset({"teacher_log_probs"})
 #: engine returns and what every backend's forward gives.  The others (engine log-probs,
 #: top-k heads, routed experts, top-k log-probs of the trainer, plugin fields) exist when
 #: the selected engine or backend declares them (``provides_fields``); the teacher's, when a
-#: backend declares them and ``--teacher-model`` is set.
+#: backend declares them and ``--teacher-model`` is set; the reward parts, with several
+#: ``--reward``.
 ALWAYS_PROVIDED = frozenset(
-    {f.name for f in CORE_FIELDS if f.stage in ("loop", "reward", "advantage") and f.name not in TEACHER_FIELDS}
+    {f.name for f in CORE_FIELDS if f.stage in ("loop", "reward", "advantage")
+     and f.name not in TEACHER_FIELDS | REWARD_PARTS_FIELDS}
     | {"prompt_ids", "response_ids", "loss_mask", "response_lengths", "truncated", "prompts", "responses",
        "log_probs", "entropy"} | EPISODE_FIELDS)
 

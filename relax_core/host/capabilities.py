@@ -188,18 +188,21 @@ def provided_fields(ctx: Context) -> set[str]:
     """The batch fields a run has: the core's and every engine's and backend's
     (:data:`relax_core.batch.ALWAYS_PROVIDED`), and what the selected engine and backend
     declare in ``provides_fields`` (the teacher's, :data:`~relax_core.batch.TEACHER_FIELDS`,
-    only with ``--teacher-model``)."""
-    from relax_core.batch import ALWAYS_PROVIDED, TEACHER_FIELDS
+    only with ``--teacher-model``; the reward parts,
+    :data:`~relax_core.batch.REWARD_PARTS_FIELDS`, with several ``--reward``)."""
+    from relax_core.batch import ALWAYS_PROVIDED, REWARD_PARTS_FIELDS, TEACHER_FIELDS
 
     out = set(ALWAYS_PROVIDED)
     for sel in (ctx.engine, ctx.backend):
         if sel is not None:
             out |= set(sel.caps.provides_fields)
+    if len(ctx.cfg.reward) > 1:
+        out |= REWARD_PARTS_FIELDS
     return out if ctx.cfg.teacher_model else out - TEACHER_FIELDS
 
 
 def _fields_check(ctx: Context, caps: Any) -> str | None:
-    from relax_core.batch import FIELDS, TEACHER_FIELDS
+    from relax_core.batch import FIELDS, REWARD_PARTS_FIELDS, TEACHER_FIELDS
 
     missing = sorted(set(caps.requires_fields) - provided_fields(ctx))
     if not missing:
@@ -212,6 +215,9 @@ def _fields_check(ctx: Context, caps: Any) -> str | None:
         f = FIELDS.get(name)
         if name in TEACHER_FIELDS and not ctx.cfg.teacher_model:
             parts.append(f"'{name}', which needs a teacher: --teacher-model is not set")
+        elif name in REWARD_PARTS_FIELDS:
+            parts.append(f"'{name}', which needs several rewards: give --reward more than once "
+                         f"(e.g. --reward math --reward reward_model), got {len(ctx.cfg.reward)}")
         elif f is None:
             parts.append(f"'{name}', which no installed plugin declares")
         else:
@@ -316,7 +322,8 @@ CAPABILITIES: tuple[Capability, ...] = (
                lambda ctx, c: f"does not allow reward post-processors that replace its reward signal ({', '.join(b)})" if not c.allows_reward_post_processors and (b := _strict_processors(ctx)) else None,
                "remove those --reward-processor options"),
     Capability(E, "requires_fields", "reads", "Batch fields it reads that not every run has.", _fields_check,
-               "choose a rollout engine / training backend whose `provides` column lists them (`relax capabilities`)"),
+               "choose a rollout engine / training backend whose `provides` column lists them (`relax capabilities`)",
+               satisfy=lambda c: {"reward": ("math", "f1")} if "reward_parts" in c.requires_fields else {}),
     Capability(E, "supports_loss_mask_holes", "mask holes", "Correct with holes in loss_mask (environment tokens inside an episode; verified by the contract kit); needed by multi-turn environments.",
                lambda ctx, c: f"is not declared correct with holes in loss_mask, which the episodes of multi-turn environment '{ctx.multi_turn_environment}' have (its environment tokens)" if ctx.multi_turn_environment and not c.supports_loss_mask_holes else None,
                "choose an estimator whose `mask holes` column says yes (`relax capabilities --kind estimator`), or --environment single_turn"),

@@ -90,7 +90,7 @@ def _select(reg: Registry, kind: str, name: str, cfg: RunConfig, problems: list[
     try:
         r = reg.get(kind, name)
     except PluginError as e:
-        problems.append(Problem(f"{kind} '{name}'", "unknown component", str(e), f"`relax plugins` lists what is installed"))
+        problems.append(Problem(f"{kind} '{name}'", "unknown component", str(e), "`relax plugins` lists what is installed"))
         return None, None
     caps = r.spec.capabilities_for(cfg.params_for(name))
     return Selected(kind, name, caps, r.origin), r.spec

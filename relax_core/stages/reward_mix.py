@@ -33,14 +33,26 @@ def weights(cfg: Any) -> tuple[float, ...]:
     return tuple(cfg.reward_weights) or (1.0,) * len(cfg.reward)
 
 
-def combine(parts: Sequence[Sequence[float | None]], w: Sequence[float]) -> list[float | None]:
+class Combined(list):
+    """The weighted sums of :func:`combine` (a list of ``B`` floats or ``None``), with the
+    ``parts`` they were summed from (``J`` lists of ``B``): the reward stage stores them as the
+    batch field ``reward_parts`` ``[B, J]`` for estimators that normalise each reward on its
+    own (``gdpo``)."""
+
+    def __init__(self, sums: Sequence[float | None], parts: Sequence[Sequence[float | None]]):
+        super().__init__(sums)
+        self.parts = [list(p) for p in parts]
+
+
+def combine(parts: Sequence[Sequence[float | None]], w: Sequence[float]) -> Combined:
     """Per sample ``Σ_j w_j · parts[j][i]``; ``None`` where any part is ``None``.
 
     Args:
         parts: ``J`` lists of ``B`` rewards (one list per scorer, in ``--reward`` order).
         w: ``J`` weights.
     """
-    return [None if any(r is None for r in rs) else sum(wj * r for wj, r in zip(w, rs)) for rs in zip(*parts)]
+    return Combined([None if any(r is None for r in rs) else sum(wj * r for wj, r in zip(w, rs))
+                     for rs in zip(*parts)], parts)
 
 
 def part_metrics(names: Sequence[str], parts: Sequence[Sequence[float | None]]) -> dict[str, float]:

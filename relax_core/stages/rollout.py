@@ -276,7 +276,8 @@ class Rollout:
         """Raw rewards (NaN = unscored) and the scorer's error counts: the environment's
         episode reward where it gave one (``env_rewards``), else the scorer's of ``responses``;
         an episode ended by a failed environment call (``env_error``, ``env_timeout``) stays
-        unscored."""
+        unscored.  With several ``--reward``, also each one's reward, ``reward_parts``
+        ``[B, J]`` (NaN where it did not score the sample: an environment's reward, a fault)."""
         env = batch.env_rewards
         if env is None:
             todo = list(range(batch.size))
@@ -288,7 +289,12 @@ class Rollout:
                                        pick(batch.prompts)) if todo else ([], {})
         rewards = torch.full((batch.size,), math.nan) if env is None else env.clone()
         rewards[todo] = torch.tensor([math.nan if r is None else float(r) for r in scored])
-        return batch.replace(rewards=rewards), metrics
+        if len(self.cfg.reward) < 2:
+            return batch.replace(rewards=rewards), metrics
+        parts = torch.full((batch.size, len(self.cfg.reward)), math.nan)  # [B, J]; NaN = not scored by that one
+        if todo:
+            parts[todo] = torch.tensor([[math.nan if r is None else float(r) for r in p] for p in scored.parts]).T
+        return batch.replace(rewards=rewards, reward_parts=parts), metrics
 
     def post_process(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Run the post-processors in order; drop the samples they do not keep."""

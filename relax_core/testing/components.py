@@ -53,6 +53,7 @@ class SyntheticBatch:
     rollout_log_probs: Tensor  # [B, T]
     ref_log_probs: Tensor  # [B, T]
     values: Tensor  # [B, T] critic values
+    reward_parts: Tensor  # float32 [B, 2]: two scorers' rewards summing to ``rewards`` (NaN where unscored)
 
     def token_fields(self) -> list[str]:
         return ["old_log_probs", "log_probs", "rollout_log_probs", "ref_log_probs", "values"]
@@ -88,8 +89,10 @@ def synthetic_batch(n: int, *, seed: int = 0) -> SyntheticBatch:
     rewards, gid, lengths = rewards[perm], torch.tensor([7, 2, 11])[gid][perm], lengths[perm]
     mask = torch.arange(T)[None, :] < lengths[:, None]
     old = -(torch.rand(b, T, generator=g) * 2.5 + 0.1)
+    second = torch.where(torch.isfinite(rewards), (torch.arange(b) % 3 == 0).float(), float("nan"))
     return SyntheticBatch(
         rewards=rewards, group_index=gid, loss_mask=mask, response_lengths=lengths,
+        reward_parts=torch.stack([rewards - second, second], dim=1),
         old_log_probs=old, log_probs=old + 0.3 * torch.randn(b, T, generator=g),
         rollout_log_probs=old + 0.05 * torch.randn(b, T, generator=g),
         ref_log_probs=old + 0.1 * torch.randn(b, T, generator=g), values=torch.randn(b, T, generator=g))
@@ -188,6 +191,7 @@ def _reduction(cfg: Any) -> tuple[str, float]:
 
 def _advantage_input(b: SyntheticBatch) -> AdvantageInput:
     return AdvantageInput(rewards=b.rewards, group_index=b.group_index, loss_mask=b.loss_mask,
+                          reward_parts=b.reward_parts,
                           old_log_probs=b.old_log_probs, ref_log_probs=b.ref_log_probs, values=b.values,
                           response_lengths=b.response_lengths)
 

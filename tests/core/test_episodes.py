@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from relax_core.batch import Batch, length_mask
+from relax_core.config import RunConfig
 from relax_core.contracts import GenerationOutput, SamplingParams
 from relax_core.environments import EPISODE_ENDS, Reply
 from relax_core.stages.env_host import ThreadHost
@@ -347,7 +348,7 @@ def test_a_raising_or_hanging_environment_ends_only_its_episode(tokenizer, caplo
     assert out.response_ids[3, :2].tolist() == [1113, EOS] and out.loss_mask[3].sum() == 2
     # not scored (unscored: NaN reward, advantage 0), while an episode without a reward of its own is
     scored = []
-    fake = type("R", (), {"c": type("C", (), {"score": staticmethod(
+    fake = type("R", (), {"cfg": RunConfig(), "c": type("C", (), {"score": staticmethod(
         lambda r, l, m, p: (scored.extend(r) or [0.5] * len(r), {}))})()})()
     b = Batch(**out.items(), rewards=torch.full((5,), math.nan), prompts=[""] * 5, labels=["x"] * 5,
               metadata=[{}] * 5).replace(env_rewards=torch.tensor([math.nan, *out.env_rewards[1:].tolist()]))

@@ -1,0 +1,1 @@
+"""GDPO estimator plugin for Relax."""
