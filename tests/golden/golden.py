@@ -2,7 +2,7 @@
 Ray fully-async) whose ``metrics.jsonl`` was recorded before the core redesign (issue 17)
 and must stay the same after it.
 
-    python tests/golden/golden.py record [CASE ...]   # (re)write tests/golden/data/<case>.jsonl
+    python tests/golden/golden.py record [CASE ...]   # (re)write <DATA>/<case>.jsonl (below)
     python tests/golden/golden.py check  [CASE ...]   # compare, print the differences
 
 Timing metrics (``perf/*``) are dropped; everything else is kept.  Every flag a later
@@ -22,22 +22,26 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def _cpu_vendor() -> str:
-    """``vendor_id`` of /proc/cpuinfo (``GenuineIntel``, ``AuthenticAMD``), or ``""``."""
+def _cpu_kinds() -> list[str]:
+    """The names of this CPU's kind, most specific first: ``<vendor_id>-<cpu family>`` (e.g.
+    ``AuthenticAMD-26``, AMD Zen 5) and ``<vendor_id>`` (``GenuineIntel``, ``AuthenticAMD``)
+    from /proc/cpuinfo; ``[]`` when it cannot be read."""
+    info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
     except OSError:
-        pass
-    return ""
+        return []
+    vendor, family = info.get("vendor_id"), info.get("cpu family")
+    return [f"{vendor}-{family}", vendor] if vendor and family else [vendor] if vendor else []
 
 
-#: the recorded runs: ``data/<cpu vendor>/`` where one was recorded on that kind of CPU
-#: (another vendor's kernels round differently, and the sampled tokens then diverge), else
+#: the recorded runs: ``data/<vendor>-<family>/`` or ``data/<vendor>/``, the first recorded on
+#: this kind of CPU (another vendor's or generation's kernels round differently, and the
+#: sampled tokens of the tiny random model then diverge: two AMD EPYC generations do), else
 #: ``data/`` (recorded before the core redesign, on the first development machine)
-_VENDOR_DATA = HERE / "data" / (_cpu_vendor() or "unknown")
-DATA = _VENDOR_DATA if _VENDOR_DATA.is_dir() else HERE / "data"
+DATA = next((d for d in (HERE / "data" / k for k in _cpu_kinds()) if d.is_dir()), HERE / "data")
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
