@@ -1,7 +1,8 @@
 """The golden runs (see ``golden.py``): each case's ``metrics.jsonl`` equals the one
-recorded before the core redesign (``data/``), or on CPUs of another vendor the one
-recorded on such a CPU (``data/<vendor_id>/``: AuthenticAMD, recorded at 89f4016, where the
-runs of data/ diverge in their sampled tokens from step 2).  Local cases within ``REL_TOL`` (bit-equal on the
+recorded before the core redesign (``data/``), or on another kind of CPU the one recorded
+on that kind (``golden.DATA``: ``data/AuthenticAMD-26/``, an AMD EPYC of family 26, recorded at
+35a48c8; ``data/AuthenticAMD/``, an earlier AMD EPYC, recorded at 89f4016; on both the runs of
+data/ diverge in their sampled tokens).  Local cases within ``REL_TOL`` (bit-equal on the
 recording machine), Ray cases within ``RAY_TOL`` (actors run in other processes whose
 thread pools may sum in another order).  ``grpo`` and ``tis`` run in the fast suite; the
 rest are marked slow."""
