@@ -63,7 +63,8 @@ class Capability:
     description: str
     check: Callable[[Context, Any], str | None] | None = None
     """``check(ctx, caps) -> violation or None``: the run-config predicate that needs it."""
-    fix: str = ""
+    fix: str | Callable[[Context, Any], str] = ""
+    """How to meet it: a text, or ``fix(ctx, caps) -> text`` when it depends on the violation."""
     matrix: bool = True  # shown as a column of the matrix
     satisfy: Callable[[Any], dict[str, Any]] | None = None
     """``satisfy(caps) -> run-config values`` under which :attr:`check` accepts ``caps``
@@ -226,6 +227,17 @@ def _fields_check(ctx: Context, caps: Any) -> str | None:
     return "reads the batch field " + "; ".join(parts)
 
 
+def _fields_fix(ctx: Context, caps: Any) -> str:
+    from relax_core.batch import REWARD_PARTS_FIELDS, TEACHER_FIELDS
+
+    missing = set(caps.requires_fields) - provided_fields(ctx)
+    if missing and missing <= REWARD_PARTS_FIELDS | TEACHER_FIELDS:
+        return " and ".join(x for x, needed in (("give --reward more than once", missing & REWARD_PARTS_FIELDS),
+                                                 ("set --teacher-model", missing & TEACHER_FIELDS)) if needed)
+    return ("choose a rollout engine / training backend whose `provides` column lists them (`relax capabilities`; "
+            "hf + torch provide all the core's)")
+
+
 def _group_problem(ctx: Context, c: Any) -> str | None:
     """A group-relative estimator (``min_group_size >= 2``) learns from the differences
     between the samples of a group: too small a group, or greedy sampling (temperature 0
@@ -322,7 +334,7 @@ CAPABILITIES: tuple[Capability, ...] = (
                lambda ctx, c: f"does not allow reward post-processors that replace its reward signal ({', '.join(b)})" if not c.allows_reward_post_processors and (b := _strict_processors(ctx)) else None,
                "remove those --reward-processor options"),
     Capability(E, "requires_fields", "reads", "Batch fields it reads that not every run has.", _fields_check,
-               "choose a rollout engine / training backend whose `provides` column lists them (`relax capabilities`)",
+               _fields_fix,
                satisfy=lambda c: {"reward": ("math", "f1")} if "reward_parts" in c.requires_fields else {}),
     Capability(E, "supports_loss_mask_holes", "mask holes", "Correct with holes in loss_mask (environment tokens inside an episode; verified by the contract kit); needed by multi-turn environments.",
                lambda ctx, c: f"is not declared correct with holes in loss_mask, which the episodes of multi-turn environment '{ctx.multi_turn_environment}' have (its environment tokens)" if ctx.multi_turn_environment and not c.supports_loss_mask_holes else None,
@@ -336,7 +348,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(E, "metrics", "metrics", "Names of the estimator-specific metrics it reports.", matrix=False),
     # ---------------------------------------------------------------- corrections
     Capability(C, "requires_fields", "reads", "Batch fields it reads that not every run has (engine log-probs, top-k heads, routed experts, a plugin's own).",
-               _fields_check, "choose a rollout engine / training backend whose `provides` column lists them (hf + torch provide all the core's)"),
+               _fields_check, _fields_fix),
     Capability(C, "needs_moe_model", "MoE", "Only meaningful for mixture-of-experts models.",
                lambda ctx, c: "needs a mixture-of-experts model, but --model is dense (routing replay has no meaning there)" if c.needs_moe_model and ctx.model_is_moe is False else None,
                "use an MoE --model (e.g. Qwen3-MoE) or drop this correction"),

@@ -292,7 +292,8 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
         for sel in targets:
             msg = cap.check(ctx, sel.caps)
             if msg:
-                (warnings if cap.warn else problems).append(Problem(sel.label, cap.field, f"{sel.name} {msg}", cap.fix))
+                fix = cap.fix(ctx, sel.caps) if callable(cap.fix) else cap.fix
+                (warnings if cap.warn else problems).append(Problem(sel.label, cap.field, f"{sel.name} {msg}", fix))
     for sel in [s for s in (est, engine, backend, sampler, env) if s] + corrections + processors + rewards:
         # a parameter schema may define problems() -> [(message, fix)] for constraints across
         # its fields (e.g. tis: --tis-clip-low <= --tis-clip); checked only for selected components

@@ -54,7 +54,7 @@ def test_a_required_field_that_no_selected_component_provides_is_refused(registr
     assert msgs == ["correction 'toy_scale' (relax-toy 0.1) [requires_fields]: toy_scale reads the batch field "
                     "'toy_weight' (declared by relax-toy), which engine 'hf' does not provide\n"
                     "    fix: choose a rollout engine / training backend whose `provides` column lists them "
-                    "(hf + torch provide all the core's)"]
+                    "(`relax capabilities`; hf + torch provide all the core's)"]
     cfg = RunConfig(correction=("toy_scale",), advantage_estimator="rloo", calculate_per_token_loss=True,
                     rollout_engine="toy_engine")
     _, problems = resolve(cfg, registry)

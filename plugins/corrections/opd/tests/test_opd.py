@@ -123,6 +123,7 @@ def test_estimator_that_cannot_take_an_advantage_term_is_refused():
 def test_teacher_refusals():
     [p] = problems(correction=("opd",))
     assert "'teacher_log_probs', which needs a teacher: --teacher-model is not set" in p.message
+    assert p.fix == "set --teacher-model"
     [p] = problems(teacher_model="smollm2-135m-instruct")
     assert p.constraint == "--teacher-model" and "no selected component reads its log-probs" in p.message
     assert "--correction opd" in p.fix

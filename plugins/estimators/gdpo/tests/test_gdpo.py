@@ -89,6 +89,7 @@ def test_startup_needs_several_rewards_and_no_post_processor():
     (p,) = problems(reward=("math",))
     assert p.constraint == "requires_fields" and "relax-gdpo" in p.component
     assert "'reward_parts', which needs several rewards: give --reward more than once" in p.message
+    assert p.fix == "give --reward more than once"
     two = {"reward": ("math", "f1")}
     assert problems(**two) == []
     assert [p.constraint for p in problems(**two, reward_processor=("overlong_penalty",))] == \
