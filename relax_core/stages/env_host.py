@@ -29,6 +29,7 @@ import importlib
 import math
 import multiprocessing as mp
 import pickle
+import signal
 import threading
 import time
 import traceback
@@ -43,6 +44,8 @@ from relax_core.run.interrupts import as_worker, messages, spawn_worker, stop_wo
 ENV_ERROR, ENV_TIMEOUT = (EPISODE_ENDS.index(e) for e in FAULT_ENDS)
 #: seconds a spawned worker may take to import the environment's plugin and build it
 STARTUP_TIMEOUT = 120.0
+#: starts of one worker when a SIGINT kills it while it starts (:meth:`ProcessHost._started`)
+SPAWN_TRIES = 3
 #: the longest single wait (seconds); longer timeouts are waited in pieces (``select`` and
 #: ``poll`` take milliseconds as a C int, about 2.1e6 s at most)
 MAX_WAIT = 3600.0
@@ -190,26 +193,46 @@ class ProcessHost:
         self.restarts = 0
         """Workers replaced (killed past a timeout, or found dead) since the host started."""
         self._owner: dict[int, tuple[int, int]] = {}  # episode id -> (worker index, generation)
-        self._workers = [self._spawn() for _ in range(workers)]
-        for w in self._workers:
-            self._ready(w)
+        self._workers = [self._spawn() for _ in range(workers)]  # they start side by side
+        for k, w in enumerate(self._workers):
+            if not self._ready(w):
+                self._workers[k] = self._started()
 
     def _spawn(self) -> _Worker:
         self._generation += 1
         return _Worker(*spawn_worker(self._ctx, _worker_main, self._args, "relax-env-worker"), self._generation)
 
-    def _ready(self, w: _Worker) -> None:
+    def _started(self) -> _Worker:
+        """A new worker that has built the environment.  One that a Ctrl-C killed while it
+        started is started again (up to :data:`SPAWN_TRIES` times): off the main thread (a
+        fully-async rollout replacing a worker) its SIGINT cannot be ignored before its
+        interpreter is up (:func:`~relax_core.run.interrupts.spawn_worker`)."""
+        for _ in range(SPAWN_TRIES):
+            w = self._spawn()
+            if self._ready(w):
+                return w
+        self.close()
+        raise RuntimeError(f"an environment worker was killed by SIGINT while starting, {SPAWN_TRIES} times")
+
+    def _ready(self, w: _Worker) -> bool:
+        """Wait for worker ``w`` to build the environment: ``True`` when it has, ``False`` when
+        a SIGINT killed it first (exit status −SIGINT); raises otherwise (after closing)."""
         if not w.conn.poll(STARTUP_TIMEOUT):
             self.close()
             raise RuntimeError(f"an environment worker did not start within {STARTUP_TIMEOUT:.0f} s")
         try:
             msg = w.conn.recv()
         except (EOFError, OSError):
+            w.process.join(timeout=5)
+            if w.process.exitcode == -signal.SIGINT:
+                w.conn.close()
+                return False
             msg = ("fatal", "it exited while starting (workers are spawned: a script that starts a run must "
                             "guard it with `if __name__ == '__main__':`)")
         if msg[0] != "ready":
             self.close()
             raise RuntimeError(f"an environment worker could not build the environment:\n{msg[1]}")
+        return True
 
     def _replace(self, k: int) -> None:
         """Kill worker ``k`` (if alive) and start another in its place; its episodes are lost."""
@@ -217,11 +240,10 @@ class ProcessHost:
         old.process.kill()
         old.process.join(timeout=5)
         old.conn.close()
-        new = self._spawn()
+        new = self._started()
         new.queue = old.queue
         self._workers[k] = new
         self.restarts += 1
-        self._ready(new)
 
     def start(self, rows: list[dict]) -> list[Result]:
         """Forget the previous episodes and start one per row (episode ``i`` in worker

@@ -53,3 +53,13 @@ def build(params, config):
 
 def broken(params, config):
     raise ValueError("cannot build")
+
+
+def interrupted_once(params, config):
+    """Killed by SIGINT while it builds when the file ``params`` exists (removing it), as a
+    worker spawned off the main thread is by a Ctrl-C during its start-up; else ``build``."""
+    if os.path.exists(params):
+        os.remove(params)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return Counting()

@@ -161,6 +161,26 @@ def test_timeouts_longer_than_a_wait_can_take(timeout):
         proc.close()
 
 
+def test_a_worker_killed_by_sigint_while_starting_is_started_again(tmp_path):
+    """A Ctrl-C reaching a worker before it ignores SIGINT (spawned off the main thread: a
+    fully-async rollout replacing a worker) kills it while it starts (exit -SIGINT); the host
+    starts it again instead of ending the run."""
+    marker = tmp_path / "interrupt-next-start"
+    marker.write_text("")
+    host = ProcessHost("env_host_toys:interrupted_once", str(marker), RunConfig(), timeout=5.0, workers=1)
+    try:
+        assert not marker.exists()  # the first start was interrupted
+        (fault, handle), = host.start(_rows("ok"))
+        assert fault is None and host.step([handle], _turns(1, 0))[0][1].reward == 1.0
+        marker.write_text("")
+        host._replace(0)  # a replacement (after a timeout or a crash) interrupted the same way
+        assert not marker.exists() and host.restarts == 1
+        (fault, handle), = host.start(_rows("ok"))
+        assert fault is None
+    finally:
+        host.close()
+
+
 def test_a_worker_that_cannot_build_the_environment_stops_at_once():
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="(?s)could not build the environment:.*ValueError: cannot build"):
