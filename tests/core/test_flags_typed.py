@@ -98,7 +98,7 @@ def test_train_help_opens_with_a_short_usage_and_examples_and_lists_choices():
     opening = lines[:lines.index("options:")]
     assert max(map(len, opening)) < 80, opening  # usage and examples fit an 80-column terminal
     text = r.stdout
-    assert "--advantage-estimator, --estimator {cispo,grpo,gspo,m2po,ppo,reinforce_plus_plus," in text
+    assert "--advantage-estimator, --estimator {cispo,gdpo,grpo,gspo,m2po,ppo,reinforce_plus_plus," in text
     for flag, names in (("--reward", "{auto,"), ("--correction", "{icepop,"), ("--loss-reduction", "{token-mean,"),
                         ("--kl-loss-type", "{k1,k2,k3,low_var_kl}"), ("--math-answer-format", "{boxed,anchors}")):
         assert f"{flag} {names}" in text, flag
