@@ -109,9 +109,7 @@ class ActorScoringPool:
         limit = STARTUP_TIMEOUT + timeout * n + STUCK_MARGIN
         ref = self.actor.score.remote(list(responses), list(labels), [dict(m or {}) for m in metadata], timeout)
         try:
-            return ray.get(ref, timeout=limit)
-        except RewardSetupError:
-            raise
+            return ray.get(ref, timeout=limit)  # a RewardSetupError inside the actor is raised as it is
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
             log.warning("reward scoring: the Ray actor of '%s' failed (%s); its %d samples are unscored, and it is "
                         "replaced", self.name, type(e).__name__, n)

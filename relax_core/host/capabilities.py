@@ -202,10 +202,15 @@ def provided_fields(ctx: Context) -> set[str]:
     return out if ctx.cfg.teacher_model else out - TEACHER_FIELDS
 
 
+def _missing_fields(ctx: Context, caps: Any) -> list[str]:
+    """The fields ``caps`` requires that the run does not have, sorted."""
+    return sorted(set(caps.requires_fields) - provided_fields(ctx))
+
+
 def _fields_check(ctx: Context, caps: Any) -> str | None:
     from relax_core.batch import FIELDS, REWARD_PARTS_FIELDS, TEACHER_FIELDS
 
-    missing = sorted(set(caps.requires_fields) - provided_fields(ctx))
+    missing = _missing_fields(ctx, caps)
     if not missing:
         return None
     backend = f"backend '{ctx.backend.name}'" if ctx.backend else "the backend"
@@ -230,7 +235,7 @@ def _fields_check(ctx: Context, caps: Any) -> str | None:
 def _fields_fix(ctx: Context, caps: Any) -> str:
     from relax_core.batch import REWARD_PARTS_FIELDS, TEACHER_FIELDS
 
-    missing = set(caps.requires_fields) - provided_fields(ctx)
+    missing = set(_missing_fields(ctx, caps))
     if missing and missing <= REWARD_PARTS_FIELDS | TEACHER_FIELDS:
         return " and ".join(x for x, needed in (("give --reward more than once", missing & REWARD_PARTS_FIELDS),
                                                  ("set --teacher-model", missing & TEACHER_FIELDS)) if needed)
