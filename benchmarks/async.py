@@ -1,6 +1,6 @@
 """Synchronous vs fully-async training on Ray, and Ray's start-up overhead, on this machine.
 
-The same run (a random tiny Qwen3 from :func:`relax_core.models.make_tiny_model`, GRPO,
+The same run (a random tiny Qwen3 from :func:`relax_authoring.testing.models.make_tiny_model`, GRPO,
 ``--rollout-batch-size 4 × --n-samples-per-prompt 8``, 32 new tokens, ``--num-rollout N``)
 is launched as ``relax train`` subprocesses, one after the other:
 
@@ -42,7 +42,7 @@ SCORER = "vowel_scorer"
 
 
 def write_inputs(tmp: Path) -> tuple[Path, Path]:
-    from relax_core.models import make_tiny_model
+    from relax_authoring.testing.models import make_tiny_model
 
     model = make_tiny_model(tmp / "tiny", seed=0)
     data = tmp / "prompts.jsonl"

@@ -289,7 +289,8 @@ def write_prompts(path: Path, n: int = 64) -> None:
 
 
 def model_dir(kind: str, work: Path) -> str:
-    from relax_core.models import ensure_default_model, make_tiny_model
+    from relax_core.models import ensure_default_model
+    from relax_authoring.testing.models import make_tiny_model
 
     if kind == "smollm2":
         return str(ensure_default_model())

@@ -55,7 +55,7 @@ def main() -> None:
     if a.smoke:
         import tempfile
 
-        from relax_core.models import make_tiny_model
+        from relax_authoring.testing.models import make_tiny_model
 
         a.n, a.max_new_tokens = 4, 8
         cfg = RunConfig(model=str(make_tiny_model(tempfile.mkdtemp(prefix="judge-smoke-"), seed=0)))

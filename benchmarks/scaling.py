@@ -3,7 +3,7 @@ data parallel 1 vs 2 ranks on Ray.
 
 Batch growth: three long-lived ``relax train`` workers (the gated workers of
 :mod:`e2e_trl`, the real trainer code path), one per batch size, on the same tiny random
-Qwen3 (``relax_core.models.make_tiny_model``) with the same prompts, group size and maximum
+Qwen3 (``relax_authoring.testing.models.make_tiny_model``) with the same prompts, group size and maximum
 response length; the driver alternates their steps round-robin (a warm-up step each, then the
 counted steps), so all three see the same machine load.  Reported: median seconds per step,
 trained tokens/s, and the step time relative to 1× (ideal data-bound scaling would be 2.0 and

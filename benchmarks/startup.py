@@ -8,7 +8,7 @@ Medians over N runs, measured side by side in one run:
 - time to the first rollout token: a fresh process that loads the plugins, validates the
   configuration, builds the ``hf`` rollout engine (model and tokenizer) and generates one
   token, timed from process launch to that token (a tiny random Qwen3 from
-  ``relax_core.models.make_tiny_model``, and the embedded SmolLM2-135M-Instruct).
+  ``relax_authoring.testing.models.make_tiny_model``, and the embedded SmolLM2-135M-Instruct).
 
 Targets (issue 2): ``relax --help`` < 0.3 s (must be < 0.5 s); load + validate < 0.2 s.
 
@@ -109,7 +109,8 @@ def main() -> None:
     load_s, problems = _median_in_process(a.runs)
     import tempfile
 
-    from relax_core.models import ensure_default_model, make_tiny_model
+    from relax_core.models import ensure_default_model
+    from relax_authoring.testing.models import make_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         tiny = str(make_tiny_model(Path(tmp) / "tiny", seed=0))

@@ -100,7 +100,7 @@ def peak_gib() -> float:
 
 def model_path(name: str) -> str:
     if name == "tiny":
-        from relax_core.models import make_tiny_model
+        from relax_authoring.testing.models import make_tiny_model
 
         return str(make_tiny_model(tempfile.mkdtemp(prefix="step-speed-"), seed=0))
     if name == "default":

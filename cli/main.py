@@ -231,7 +231,7 @@ def plugins_new(
     summary: Optional[str] = typer.Option(None, "--summary", help="One-line description."),
 ) -> None:
     """Scaffold an installable plugin package relax-NAME (spec, implementation, tests, README)."""
-    from relax_core.authoring.scaffold import write_plugin
+    from relax_authoring.scaffold import write_plugin
 
     try:
         root = write_plugin(kind, name, dest, summary)
@@ -346,7 +346,7 @@ def plot(
                                       "plot-<run>_vs_<run>.png next to the first run for several)."),
 ) -> None:
     """Write a PNG of metrics against step (several runs overlaid) and print its path."""
-    from relax_core.reporting.plotting import PlotError, plot_runs
+    from cli.plot import PlotError, plot_runs
 
     try:
         path = plot_runs(run_dirs, metrics=metric or None, out=out)

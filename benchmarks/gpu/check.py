@@ -20,7 +20,7 @@ reported as NOT RUN, one that fails as FAILED with its error, and the next part 
    ``--compile-loss`` on CUDA.  Without CUDA they skip (the smoke run checks they are
    collected and skipped).
 3. **training-backend throughput**: a full fine-tune step (forward, backward, AdamW) of a
-   randomly initialised Qwen3-0.6B (:data:`relax_core.models.QWEN3_0_6B`; weights do not
+   randomly initialised Qwen3-0.6B (:data:`relax_authoring.testing.models.QWEN3_0_6B`; weights do not
    change speed) through :class:`relax_torch.backend.TorchBackend` with the trainer's GRPO
    loss, ``--bf16`` (bfloat16 autocast, float32 master weights), gradient checkpointing on
    and off, at 4 k and 16 k tokens per sequence; 2 sequences per step, one per micro-batch
@@ -108,7 +108,7 @@ class Sizes:
 
     Attributes:
         device: ``cuda`` (the check) or ``cpu`` (``--smoke``).
-        model: Qwen3 config values for :func:`relax_core.models.make_tiny_model`.
+        model: Qwen3 config values for :func:`relax_authoring.testing.models.make_tiny_model`.
         seq_lens: tokens per sequence of the throughput configurations.
         sequences_per_step: sequences per optimizer step (one micro-batch each).
         timed_steps: timed steps per throughput configuration (after one warm-up step).
@@ -128,7 +128,7 @@ class Sizes:
 
 
 def full_sizes() -> Sizes:
-    from relax_core.models import QWEN3_0_6B
+    from relax_authoring.testing.models import QWEN3_0_6B
 
     return Sizes(device="cuda", model=dict(QWEN3_0_6B))
 
@@ -571,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_parts(r: dict, sizes: Sizes, env: dict, deadline: float, t_start: float) -> None:
     """Parts 2-4 (see the module docstring), their results into ``r``; each part that no
     longer fits before ``deadline`` is recorded as not run."""
-    from relax_core.models import make_tiny_model
+    from relax_authoring.testing.models import make_tiny_model
 
     def part(name: str) -> bool:
         print(f"[gpu-check] {name} at {time.perf_counter() - t_start:.0f} s", flush=True)

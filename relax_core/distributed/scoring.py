@@ -107,7 +107,7 @@ class ActorScoringPool:
 
         n = len(responses)
         limit = STARTUP_TIMEOUT + timeout * n + STUCK_MARGIN
-        ref = self.actor.score.remote(list(responses), list(labels), [dict(m or {}) for m in metadata], timeout)
+        ref = self.actor.score.remote(list(responses), list(labels), list(metadata), timeout)
         try:
             return ray.get(ref, timeout=limit)  # a RewardSetupError inside the actor is raised as it is
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:

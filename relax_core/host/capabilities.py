@@ -192,12 +192,13 @@ def provided_fields(ctx: Context) -> set[str]:
     only with ``--teacher-model``; the reward parts,
     :data:`~relax_core.batch.REWARD_PARTS_FIELDS`, with several ``--reward``)."""
     from relax_core.batch import ALWAYS_PROVIDED, REWARD_PARTS_FIELDS, TEACHER_FIELDS
+    from relax_core.stages import reward_mix
 
     out = set(ALWAYS_PROVIDED)
     for sel in (ctx.engine, ctx.backend):
         if sel is not None:
             out |= set(sel.caps.provides_fields)
-    if len(ctx.cfg.reward) > 1:
+    if reward_mix.is_composite(ctx.cfg):
         out |= REWARD_PARTS_FIELDS
     return out if ctx.cfg.teacher_model else out - TEACHER_FIELDS
 

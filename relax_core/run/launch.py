@@ -259,7 +259,7 @@ def make_score(scorers: list[Any], cfg: Any, pools: list[Any] | None = None) -> 
     ``pools[j]``, where given, is the pool scorer ``j`` runs in (its Ray actor)."""
     from relax_core.stages import reward_mix, rewarding
 
-    weights = reward_mix.weights(cfg) if cfg.reward_weights else (1.0,) * len(scorers)
+    weights = reward_mix.weights(cfg)
     pools = pools or [None] * len(scorers)
 
     def score(responses: list[str], labels: list[Any], metadata: list[dict],
@@ -271,7 +271,7 @@ def make_score(scorers: list[Any], cfg: Any, pools: list[Any] | None = None) -> 
             parts.append(rewards)
             for k, v in stats.items():
                 metrics[f"rollout/{k}"] = metrics.get(f"rollout/{k}", 0.0) + float(v)
-        if len(scorers) > 1:
+        if reward_mix.is_composite(cfg):
             metrics.update(reward_mix.part_metrics([s.reward for s in scorers], parts))
         return (parts[0] if weights == (1.0,) else reward_mix.combine(parts, weights)), metrics
 

@@ -28,6 +28,12 @@ def is_count(key: str) -> bool:
     return key in COUNTS or (key.startswith("rollout/reward/") and key.count("/") == 3)
 
 
+def is_composite(cfg: Any) -> bool:
+    """Whether the run has several ``--reward``: then the reward stage also gives each one's
+    reward (the batch field ``reward_parts``) and logs each one's mean."""
+    return len(cfg.reward) > 1
+
+
 def weights(cfg: Any) -> tuple[float, ...]:
     """``--reward-weights``, or 1 for each ``--reward``."""
     return tuple(cfg.reward_weights) or (1.0,) * len(cfg.reward)

@@ -50,7 +50,7 @@ from relax_core.evaluation.metrics import sample_metrics
 from relax_core.numerics import ZERO_STD_TOL, group_stats
 from relax_core.sampling import PromptResults
 from relax_core.stages.episodes import episode_metrics, single_turn_runner
-from relax_core.stages.reward_mix import is_count, step_metrics
+from relax_core.stages.reward_mix import is_composite, is_count, step_metrics
 from relax_core.stages.rewarding import apply_processors, mean_over_rounds
 
 
@@ -289,7 +289,7 @@ class Rollout:
                                        pick(batch.prompts)) if todo else ([], {})
         rewards = torch.full((batch.size,), math.nan) if env is None else env.clone()
         rewards[todo] = torch.tensor([math.nan if r is None else float(r) for r in scored])
-        if len(self.cfg.reward) < 2:
+        if not is_composite(self.cfg):
             return batch.replace(rewards=rewards), metrics
         parts = torch.full((batch.size, len(self.cfg.reward)), math.nan)  # [B, J]; NaN = not scored by that one
         if todo:

@@ -161,7 +161,7 @@ def test_learning_race_smoke():
 def test_gpu_check_flops_reproduce_prime_rl_mfu():
     """The MFU convention is prime-rl's: its published 11896 tokens/s on an H100 for
     Qwen3-0.6B at 16384 tokens per sequence is 11.08 % MFU by its own figure."""
-    from relax_core.models import QWEN3_0_6B
+    from relax_authoring.testing.models import QWEN3_0_6B
 
     a = gpu_check.PRIME_RL_ANCHOR
     mfu = 100 * gpu_check.flops_per_token(QWEN3_0_6B, a["seq_len"]) * a["tokens_per_s"] / gpu_check.PEAK_BF16_FLOPS

@@ -187,7 +187,7 @@ def test_contract_kit_verifies_mask_holes_and_one_turn_declarations():
     every check until it declares supports_loss_mask_holes; an environment that continues
     without declaring multi_turn is caught."""
     from relax_core import EnvironmentCapabilities, EnvironmentSpec, EstimatorCapabilities, EstimatorSpec
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
 
     def toy(holes):
         caps = EstimatorCapabilities(sync_only=False, supports_fully_async=True, min_group_size=2,
@@ -211,7 +211,7 @@ def test_contract_kit_verifies_accepts_advantage_terms():
     sequence's mean advantage passes every check until it declares accepts_advantage_terms;
     the token-local toy passes with it."""
     from relax_core import EstimatorCapabilities, EstimatorSpec
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
 
     def toy(factory, accepts):
         caps = EstimatorCapabilities(sync_only=False, supports_fully_async=True, min_group_size=2,
@@ -261,7 +261,7 @@ def test_corrections_count_only_model_tokens(name, params):
     from relax_core.contracts import CorrectionInput
     from relax_core.numerics import reduce_loss
     from relax_core.host.plugins import default_registry
-    from relax_core.testing.components import synthetic_batch, with_holes
+    from relax_authoring.testing.components import synthetic_batch, with_holes
 
     if name not in default_registry().names("correction"):
         pytest.skip(f"correction {name} not installed")

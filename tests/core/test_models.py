@@ -8,6 +8,7 @@ import torch
 
 from relax_core import models
 from relax_core.models import ModelLoadError
+from relax_authoring.testing import models as tiny
 from relax_core.host.validation import model_is_moe
 
 
@@ -54,10 +55,10 @@ def test_default_cache_is_atomic_and_tied_to_the_gguf(tmp_path, monkeypatch):
 
 
 def test_tiny_models(tmp_path):
-    a = models.make_tiny_model(tmp_path / "a", seed=0)
-    b = models.make_tiny_model(tmp_path / "b", seed=0)
-    c = models.make_tiny_model(tmp_path / "c", seed=1)
-    moe = models.make_tiny_model(tmp_path / "moe", moe=True)
+    a = tiny.make_tiny_model(tmp_path / "a", seed=0)
+    b = tiny.make_tiny_model(tmp_path / "b", seed=0)
+    c = tiny.make_tiny_model(tmp_path / "c", seed=1)
+    moe = tiny.make_tiny_model(tmp_path / "moe", moe=True)
     ma, mb, mc, mm = (models.load_model(str(p)) for p in (a, b, c, moe))
     assert all(torch.equal(x, mb.state_dict()[k]) for k, x in ma.state_dict().items())  # seeded
     assert not torch.equal(ma.model.embed_tokens.weight, mc.model.embed_tokens.weight)
@@ -75,7 +76,7 @@ def test_byte_tokenizer_model_and_config_overrides(tmp_path):
     """The tokenizer that needs no model package (the GPU check's machine has none): bytes
     round-trip, ChatML, EOS/pad in the config; ``config`` replaces the tiny shape (a larger
     vocabulary than the tokenizer's is allowed, a smaller one refused)."""
-    d = models.make_tiny_model(tmp_path / "bytes", vocab_from="bytes",
+    d = tiny.make_tiny_model(tmp_path / "bytes", vocab_from="bytes",
                                config=dict(vocab_size=300, intermediate_size=96, num_hidden_layers=3))
     m, tok = models.load_model(str(d)), models.load_tokenizer(str(d))
     assert (m.config.vocab_size, m.config.intermediate_size, m.config.num_hidden_layers) == (300, 96, 3)
@@ -86,14 +87,14 @@ def test_byte_tokenizer_model_and_config_overrides(tmp_path):
     chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
     assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tok.decode([ids[0], 299, 258 + 1]) == "H"  # ids past the tokenizer are skipped
-    assert models.QWEN3_0_6B["vocab_size"] == 151936 and models.QWEN3_0_6B["num_hidden_layers"] == 28
+    assert tiny.QWEN3_0_6B["vocab_size"] == 151936 and tiny.QWEN3_0_6B["num_hidden_layers"] == 28
     with pytest.raises(ValueError, match="vocab_size 100"):
-        models.make_tiny_model(tmp_path / "small", vocab_from="bytes", config=dict(vocab_size=100))
+        tiny.make_tiny_model(tmp_path / "small", vocab_from="bytes", config=dict(vocab_size=100))
 
 
 def test_load_state_dict_in_place(tmp_path):
-    m = models.load_model(str(models.make_tiny_model(tmp_path / "a", seed=0)))
-    other = models.load_model(str(models.make_tiny_model(tmp_path / "b", seed=3)))
+    m = models.load_model(str(tiny.make_tiny_model(tmp_path / "a", seed=0)))
+    other = models.load_model(str(tiny.make_tiny_model(tmp_path / "b", seed=3)))
     ptr = m.model.embed_tokens.weight.data_ptr()
     sd = {k: v for k, v in other.state_dict().items() if k != "lm_head.weight"}  # tied: given once
     models.load_state_dict_(m, sd)

@@ -179,8 +179,8 @@ def test_every_kind_is_named_once_and_has_its_hook():
     """specs.KINDS is the one list of kinds: each has a documented hookspec and a spec type
     of that kind, and the loader, matrix, docs and scaffold read it."""
     from relax_core import hookspecs
-    from relax_core.authoring.docgen import KIND_DIRS
-    from relax_core.authoring.scaffold import KINDS as SCAFFOLD_KINDS
+    from relax_authoring.docgen import KIND_DIRS
+    from relax_authoring.scaffold import KINDS as SCAFFOLD_KINDS
     from relax_core.specs import KINDS
 
     hooks = {name for name in dir(hookspecs) if name.startswith("relax_register_")}

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-REGEN = "python -m relax_core.authoring.docgen docs"
+REGEN = "python -m relax_authoring.docgen docs"
 #: Generated pages (docgen, `relax capabilities --markdown`): checked for freshness instead.
 GENERATED = ("components", "reference")
 #: Flags the pages mention that are not relax's: pip's, `ray start`'s, and the example
@@ -30,7 +30,7 @@ PENDING = ("guide/ray.md", "images/default-run.png")
 
 
 def test_generated_pages_are_fresh():
-    from relax_core.authoring.docgen import pages
+    from relax_authoring.docgen import pages
     from relax_core.host.plugins import default_registry
 
     expected = {rel: text if text.endswith("\n") else text + "\n" for rel, text in pages(default_registry()).items()}

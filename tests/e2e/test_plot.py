@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from relax_core.reporting.plotting import PlotError, default_metrics, load_runs, plot_runs, smooth
+from cli.plot import PlotError, default_metrics, load_runs, plot_runs, smooth
 
 
 def _run(path, rewards, **extra):

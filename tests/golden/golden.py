@@ -87,7 +87,7 @@ def run_case(name: str, work: Path) -> list[dict]:
     from typer.testing import CliRunner
 
     from cli.main import app
-    from relax_core.models import make_tiny_model
+    from relax_authoring.testing.models import make_tiny_model
 
     flags, moe, _ = CASES[name]
     model = work / ("tiny-moe" if moe else "tiny")

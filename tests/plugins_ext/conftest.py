@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from relax_core.testing.fixtures import tiny_model_dir  # noqa: F401  (session fixture)
+from relax_authoring.testing.fixtures import tiny_model_dir  # noqa: F401  (session fixture)
 
 RELAX_PLUGIN_ENV = ("RELAX_STRICT_PLUGINS", "RELAX_LOAD_PLUGINS", "RELAX_DISABLE_PLUGINS")
 

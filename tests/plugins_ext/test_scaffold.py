@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from relax_core.authoring.scaffold import KINDS, write_plugin
+from relax_authoring.scaffold import KINDS, write_plugin
 
 NAMES = {kind: f"my_{kind}" for kind in KINDS}
 SELECT = {"estimator": "--advantage-estimator", "correction": "--correction", "reward": "--reward",

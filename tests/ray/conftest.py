@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from relax_core.testing.fixtures import tiny_model_dir  # noqa: F401  (session fixture)
+from relax_authoring.testing.fixtures import tiny_model_dir  # noqa: F401  (session fixture)
 
 HERE = Path(__file__).resolve().parent
 for path in (HERE, HERE.parent):  # relax_ray_helpers, relax_ray_scorers, train_helpers (appended: other dirs' `conftest` stays theirs)

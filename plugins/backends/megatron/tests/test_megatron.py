@@ -136,7 +136,7 @@ def test_tp2_equals_tp1(kind, request):
 
 
 def test_contract():
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
     from relax_megatron.plugin import relax_register_train_backends
 
     check_contract(relax_register_train_backends()[0])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from relax_core.testing.fixtures import tiny_model_dir  # noqa: F401  (session fixture)
+from relax_authoring.testing.fixtures import tiny_model_dir  # noqa: F401  (session fixture)
 
 HERE = Path(__file__).resolve().parent
 

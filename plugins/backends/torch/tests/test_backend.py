@@ -260,7 +260,7 @@ def test_save_hf_loads_with_auto_model(backend, tmp_path):
 
 
 def test_reference_model_is_frozen_initial_weights(tiny_model_dir, tmp_path):
-    from relax_core.models import make_tiny_model
+    from relax_authoring.testing.models import make_tiny_model
 
     be = make_backend(tiny_model_dir, lr=0.05)
     batch = make_batch(seed=5)
@@ -287,7 +287,7 @@ def test_reference_model_is_frozen_initial_weights(tiny_model_dir, tmp_path):
 def test_teacher_role_is_the_frozen_teacher_model(tiny_model_dir, tmp_path):
     """--teacher-model: a separate frozen model whose forward equals that model's own actor
     forward (same temperature, micro-batches, masking), untouched by the actor's steps."""
-    from relax_core.models import make_tiny_model
+    from relax_authoring.testing.models import make_tiny_model
 
     teacher_dir = make_tiny_model(tmp_path / "teacher", seed=3)
     be = make_backend(tiny_model_dir, lr=0.05, teacher_model=str(teacher_dir), micro_batch_size=2)
@@ -398,7 +398,7 @@ def test_engine_log_probs_match_backend(tiny_model_dir):
 
 
 def test_contract():
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
     from relax_torch.plugin import relax_register_train_backends
 
     check_contract(relax_register_train_backends()[0])

@@ -210,7 +210,7 @@ def test_teacher_is_a_separate_model_under_lora(tiny_model_dir, tmp_path):
     """With LoRA the reference is the actor with its adapter disabled, but the teacher
     (--teacher-model) is its own frozen model: its log-probs are that model's, whatever the
     adapter holds."""
-    from relax_core.models import make_tiny_model
+    from relax_authoring.testing.models import make_tiny_model
 
     teacher = make_tiny_model(tmp_path / "teacher", seed=4)
     be = lora_backend(tiny_model_dir, teacher_model=str(teacher))

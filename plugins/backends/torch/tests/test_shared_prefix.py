@@ -338,7 +338,7 @@ def test_every_loaded_model_is_checked(tiny_model_dir, tmp_path):
     a warning naming it) as such an actor does."""
     import warnings
 
-    from relax_core.models import make_tiny_model
+    from relax_authoring.testing.models import make_tiny_model
 
     sliding = make_tiny_model(tmp_path / "sliding", seed=3,
                               config={"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0})

@@ -130,15 +130,15 @@ def test_cli_both_selected_conflict_and_each_alone_valid():
 
 
 def test_contract():
-    testing = pytest.importorskip("relax_core.testing")
+    testing = pytest.importorskip("relax_authoring.testing")
     if not hasattr(testing, "check_contract"):
-        pytest.skip("relax_core.testing.check_contract not available yet")
+        pytest.skip("relax_authoring.testing.check_contract not available yet")
     from relax_icepop.plugin import relax_register_corrections
 
     testing.check_contract(relax_register_corrections()[0])
 
 
-from relax_core.testing.training import train_tiny as _train  # noqa: E402  (2-step run of the real loop)
+from relax_authoring.testing.training import train_tiny as _train  # noqa: E402  (2-step run of the real loop)
 
 
 @pytest.mark.slow

@@ -88,7 +88,7 @@ def test_gradient_of_the_policy_loss_with_the_term_matches_the_analytic_one():
 
 
 def test_contract_kit():
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
     from relax_opd.plugin import relax_register_corrections
 
     check_contract(relax_register_corrections()[0])
@@ -142,7 +142,8 @@ def test_every_reward_weight_zero_is_pure_distillation_only_with_the_term():
 
 
 def test_tokenizer_difference_names_it():
-    from relax_core.models import byte_tokenizer, tokenizer_difference
+    from relax_core.models import tokenizer_difference
+    from relax_authoring.testing.models import byte_tokenizer
 
     a, b = byte_tokenizer(), byte_tokenizer()
     assert tokenizer_difference(a, b) is None
@@ -239,7 +240,7 @@ def test_noisy_student_learns_towards_its_clean_teacher(tmp_path):
     Every step the teacher's log-probs are computed (the logged reverse KL is finite and not
     0), the old log-probs are recomputed, and with every reward weight 0 (GRPO's group
     advantages all 0) the advantages are the distillation term alone."""
-    from relax_core.models import make_tiny_model
+    from relax_authoring.testing.models import make_tiny_model
     from relax_core.run.launch import configure, launch
 
     teacher = make_tiny_model(tmp_path / "teacher", config={"initializer_range": 0.3})

@@ -55,12 +55,12 @@ def test_dense_model_refused_moe_accepted(tmp_path):
 
 
 def test_contract():
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
 
     check_contract(relax_register_corrections()[0])
 
 
-from relax_core.testing.training import train_tiny as _train  # noqa: E402  (2-step run of the real loop)
+from relax_authoring.testing.training import train_tiny as _train  # noqa: E402  (2-step run of the real loop)
 
 
 @pytest.mark.slow

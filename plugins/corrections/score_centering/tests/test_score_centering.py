@@ -263,12 +263,12 @@ def test_valid_reinforce_setups():
 def test_contract():
     from relax_score_centering.plugin import relax_register_corrections
 
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
 
     check_contract(relax_register_corrections()[0])
 
 
-from relax_core.testing.training import train_tiny as _train  # noqa: E402  (2-step run of the real loop)
+from relax_authoring.testing.training import train_tiny as _train  # noqa: E402  (2-step run of the real loop)
 
 
 @pytest.mark.slow

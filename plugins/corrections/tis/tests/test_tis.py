@@ -161,16 +161,16 @@ def test_startup_refusals_and_valid_runs():
 
 
 def test_contract():
-    testing = pytest.importorskip("relax_core.testing")
+    testing = pytest.importorskip("relax_authoring.testing")
     if not hasattr(testing, "check_contract"):
-        pytest.skip("relax_core.testing.check_contract not available yet")
+        pytest.skip("relax_authoring.testing.check_contract not available yet")
     from relax_tis.plugin import relax_register_corrections
 
     for level in ("token", "sequence", "geometric"):
         testing.check_contract(relax_register_corrections()[0], params=TISParams(level=level))
 
 
-from relax_core.testing.training import train_tiny as _train  # noqa: E402  (2-step run of the real loop)
+from relax_authoring.testing.training import train_tiny as _train  # noqa: E402  (2-step run of the real loop)
 
 
 @pytest.mark.slow

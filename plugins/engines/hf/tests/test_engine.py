@@ -176,7 +176,8 @@ def test_stop_strings(engine, prompts):
 
 
 def test_update_weights_changes_outputs(tiny_model_dir, tmp_path, prompts):
-    from relax_core.models import load_model, make_tiny_model
+    from relax_core.models import load_model
+    from relax_authoring.testing.models import make_tiny_model
 
     eng = HFEngine(str(tiny_model_dir), seed=0)
     s = SamplingParams(max_new_tokens=6, seed=1)
@@ -227,7 +228,7 @@ def test_routed_experts_match_a_full_forward(tiny_moe_model_dir):
 
 
 def test_contract():
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
     from relax_hf.plugin import relax_register_rollout_engines
 
     check_contract(relax_register_rollout_engines()[0])

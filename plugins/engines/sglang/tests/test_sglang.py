@@ -172,7 +172,7 @@ def test_capabilities_and_startup_validation():
 
 
 def test_contract():
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
     from relax_sglang.plugin import relax_register_rollout_engines
 
     check_contract(relax_register_rollout_engines()[0])

@@ -219,7 +219,7 @@ def test_seeds_and_stop_strings(engine):
 
 
 def test_contract():
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
     from relax_vllm.plugin import relax_register_rollout_engines
 
     check_contract(relax_register_rollout_engines()[0])

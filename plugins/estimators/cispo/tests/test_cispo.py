@@ -110,6 +110,6 @@ def test_capabilities_and_recommendation_shown():
 
 
 def test_contract():
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
 
     check_contract(_spec())

@@ -169,12 +169,12 @@ def test_startup_refuses_kl_coef_and_groups_of_one():
 
 
 def test_contract():
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
 
     check_contract(_spec())
 
 
 def test_contract_reinforce_option():
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
 
     check_contract(_spec(), _spec().params(pg_loss_type="reinforce"))

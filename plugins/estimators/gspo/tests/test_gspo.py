@@ -91,6 +91,6 @@ def test_capabilities_and_cp_refusal():
 
 
 def test_contract():
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
 
     check_contract(_spec())

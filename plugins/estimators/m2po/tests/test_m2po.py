@@ -326,7 +326,7 @@ def test_global_scope_is_context_parallel_invariant(tmp_path):
 
 @pytest.mark.parametrize("scope", ["local", "global"])
 def test_contract(scope):
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
 
     spec = _spec()
     check_contract(spec, spec.params(stat_scope=scope))

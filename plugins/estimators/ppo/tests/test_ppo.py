@@ -380,6 +380,6 @@ def test_cli_refuses_async_ppo_naming_capability_and_fix():
 
 
 def test_contract():
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
 
     check_contract(SPEC)

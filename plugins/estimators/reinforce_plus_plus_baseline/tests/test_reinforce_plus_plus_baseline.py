@@ -130,6 +130,6 @@ def test_cli_refuses_group_of_one_naming_capability_and_fix():
 
 
 def test_contract():
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
 
     check_contract(SPEC)

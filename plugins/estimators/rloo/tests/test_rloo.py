@@ -123,7 +123,7 @@ def test_startup_refusals():
 
 
 def test_contract():
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
 
     check_contract(_spec())
 

@@ -100,6 +100,6 @@ def test_advantages_as_grpo_all_equal_group_zero():
 
 
 def test_contract():
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
 
     check_contract(_spec())

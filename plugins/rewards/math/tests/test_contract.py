@@ -2,7 +2,7 @@
 
 import pytest
 
-from relax_core.testing import check_contract
+from relax_authoring.testing import check_contract
 from relax_math.plugin import MathParams, relax_register_reward_scorers
 
 

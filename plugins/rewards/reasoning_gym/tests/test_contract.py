@@ -1,6 +1,6 @@
 """relax-reasoning-gym against the plugin contract kit."""
 
-from relax_core.testing import check_contract
+from relax_authoring.testing import check_contract
 from relax_reasoning_gym.plugin import relax_register_data_sources, relax_register_reward_scorers
 
 

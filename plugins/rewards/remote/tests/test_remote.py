@@ -144,7 +144,7 @@ def test_registration():
 
 def test_contract():
     from relax_core.config import RunConfig
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
 
     (spec,) = relax_register_reward_scorers()
     with _Server([(200, {"reward": 0.0}, 0)]) as srv:

@@ -11,7 +11,7 @@ def tiny_reward_model(path: str | Path, seed: int = 0) -> str:
     import torch
     from transformers import Qwen3Config, Qwen3ForSequenceClassification
 
-    from relax_core.models import byte_tokenizer
+    from relax_authoring.testing.models import byte_tokenizer
 
     tok = byte_tokenizer()
     cfg = Qwen3Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,

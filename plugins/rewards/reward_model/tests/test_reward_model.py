@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from relax_core.testing import check_contract
+from relax_authoring.testing import check_contract
 from relax_reward_model.plugin import RewardModelParams, relax_register_reward_scorers
 from relax_reward_model.testing import tiny_reward_model
 

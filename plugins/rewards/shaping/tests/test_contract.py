@@ -2,7 +2,7 @@
 
 import pytest
 
-from relax_core.testing import check_contract
+from relax_authoring.testing import check_contract
 from relax_reward_shaping.plugin import relax_register_reward_processors
 
 

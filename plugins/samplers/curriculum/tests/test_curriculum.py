@@ -11,7 +11,7 @@ import torch
 
 from relax_core.data import DataError
 from relax_core.sampling import PromptResults
-from relax_core.testing import check_contract
+from relax_authoring.testing import check_contract
 from relax_curriculum.plugin import CurriculumParams, relax_register_samplers
 
 SPEC = relax_register_samplers()[0]
@@ -127,7 +127,7 @@ def test_the_loop_draws_the_current_level_and_logs_it_with_an_llm_judge(tmp_path
     """Two steps of the real loop: the curriculum gets the rows' levels from --data rgc:, and
     the llm_judge scores through the reward workers (the tiny random model never writes a
     verdict word: every sample unscored and counted invalid)."""
-    from relax_core.testing.training import train_tiny
+    from relax_authoring.testing.training import train_tiny
 
     steps = train_tiny(tmp_path, "--sampler", "curriculum", "--data", "rgc:chain_sum?size=3&levels=2",
                        "--eval-data", "none", "--reward", "llm_judge", "--llm-judge-model", str(tmp_path / "model"),

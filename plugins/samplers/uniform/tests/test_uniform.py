@@ -3,7 +3,7 @@
 import importlib.metadata as md
 import random
 
-from relax_core.testing import check_contract
+from relax_authoring.testing import check_contract
 from relax_uniform.plugin import relax_register_samplers
 
 

@@ -3,7 +3,7 @@
 One call checks a component against the plugin contract, choosing the checks by its kind
 and its *declared* capabilities (a declaration is verified where it can be)::
 
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
     from relax_myalgo.plugin import relax_register_estimators
 
     def test_contract():
@@ -61,6 +61,6 @@ The 2-rank check starts two worker subprocesses once per process (a few seconds:
 imports torch) and reuses them for every component checked.
 """
 
-from relax_core.testing.contract import check_contract, config_for
+from relax_authoring.testing.contract import check_contract, config_for
 
 __all__ = ["check_contract", "config_for"]

@@ -1,3 +1,3 @@
 """Tools for plugin and documentation authors, not used by a run: ``relax plugins new``
 (``scaffold``) and the generated documentation (``docgen``).  The contract test kit is
-:mod:`relax_core.testing` (public API)."""
+:mod:`relax_authoring.testing` (public API)."""

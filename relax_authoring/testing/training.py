@@ -19,7 +19,7 @@ def train_tiny(tmp_path: Path, *args: str, moe: bool = False) -> list[dict]:
             log two training steps.
     """
     from relax_core.host.plugins import default_registry
-    from relax_core.models import make_tiny_model
+    from relax_authoring.testing.models import make_tiny_model
     from relax_core.run.launch import configure, launch
 
     model = make_tiny_model(tmp_path / "model", moe=moe)

@@ -1,8 +1,8 @@
 """pytest plugin of the contract test kit (entry point ``pytest11: relax_contract``).
 
 Provides the ``relax_contract`` fixture: a callable ``relax_contract(spec, params=None)``
-that runs :func:`relax_core.testing.check_contract`; and the session-scoped tiny-model
-fixtures ``tiny_model_dir`` / ``tiny_moe_model_dir`` / ``tiny_bytes_model_dir`` of :mod:`relax_core.testing.fixtures`; and the
+that runs :func:`relax_authoring.testing.check_contract`; and the session-scoped tiny-model
+fixtures ``tiny_model_dir`` / ``tiny_moe_model_dir`` / ``tiny_bytes_model_dir`` of :mod:`relax_authoring.testing.fixtures`; and the
 ``cuda`` marker: a test marked ``@pytest.mark.cuda`` is skipped where no CUDA device is
 visible (``-m cuda`` selects them on a GPU machine).  Loaded in every pytest session of
 an environment where relax-core is installed, so it imports nothing heavy at load time
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax_core.testing.fixtures import tiny_bytes_model_dir, tiny_model_dir, tiny_moe_model_dir  # noqa: F401
+from relax_authoring.testing.fixtures import tiny_bytes_model_dir, tiny_model_dir, tiny_moe_model_dir  # noqa: F401
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,6 +37,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def relax_contract():
     """``relax_contract(spec, params=None)``: run the contract checks chosen by the
     spec's declared capabilities; fails the test listing every failed check."""
-    from relax_core.testing import check_contract
+    from relax_authoring.testing import check_contract
 
     return check_contract

@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any
 
-from relax_core.testing.contract import Checks, require
+from relax_authoring.testing.contract import Checks, require
 
 ROWS, PER_STEP, N = 12, 3, 4
 

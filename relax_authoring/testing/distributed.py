@@ -1,6 +1,6 @@
 """Two gloo ranks on localhost for the context-parallel contract check.
 
-The ranks are plain subprocesses (``python -m relax_core.testing.distributed``), started
+The ranks are plain subprocesses (``python -m relax_authoring.testing.distributed``), started
 once per process and reused for every component checked.  They talk to the parent over
 an authenticated localhost connection (``multiprocessing.connection``), and to each other
 over gloo.  Subprocesses, not ``multiprocessing`` spawn, so that a caller's script is
@@ -53,7 +53,7 @@ class _Pool:
         env = dict(os.environ, OMP_NUM_THREADS="1", **{_AUTHKEY_ENV: authkey.hex()},
                    PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         gloo_port, parent_port = _free_port(), listener.address[1]
-        self.procs = [subprocess.Popen([sys.executable, "-m", "relax_core.testing.distributed", str(r),
+        self.procs = [subprocess.Popen([sys.executable, "-m", "relax_authoring.testing.distributed", str(r),
                                         str(gloo_port), str(parent_port)], env=env, stdin=subprocess.DEVNULL)
                       for r in range(WORLD_SIZE)]
         self.conns: list[Any] = [None] * WORLD_SIZE

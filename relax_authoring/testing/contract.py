@@ -1,7 +1,7 @@
 """``check_contract``: spec-level checks and dispatch to the per-kind checks.
 
 Spec-level checks import nothing heavy; the estimator, correction and reward checks
-(:mod:`relax_core.testing.components`) import torch when they run.
+(:mod:`relax_authoring.testing.components`) import torch when they run.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Checks:
 
 def check_contract(spec: ComponentSpec, params: Any = None, *, config: RunConfig | None = None,
                    distributed: bool = True) -> None:
-    """Check one component against the plugin contract (see :mod:`relax_core.testing`).
+    """Check one component against the plugin contract (see :mod:`relax_authoring.testing`).
 
     Args:
         spec: the spec a registration hook returns.
@@ -81,27 +81,27 @@ def check_contract(spec: ComponentSpec, params: Any = None, *, config: RunConfig
         if config is None:
             config = config_for(spec, params)
         if kind == "estimator" and caps is not None:
-            from relax_core.testing.components import check_estimator
+            from relax_authoring.testing.components import check_estimator
 
             check_estimator(spec, params, caps, config, checks, distributed=distributed)
         elif kind == "correction" and caps is not None:
-            from relax_core.testing.components import check_correction
+            from relax_authoring.testing.components import check_correction
 
             check_correction(spec, params, caps, config, checks)
         elif kind == "reward":
-            from relax_core.testing.components import check_reward_scorer
+            from relax_authoring.testing.components import check_reward_scorer
 
             check_reward_scorer(spec, params, config, checks)
         elif kind == "reward_processor":
-            from relax_core.testing.components import check_reward_processor
+            from relax_authoring.testing.components import check_reward_processor
 
             check_reward_processor(spec, params, config, checks)
         elif kind == "sampler":
-            from relax_core.testing.samplers import check_sampler
+            from relax_authoring.testing.samplers import check_sampler
 
             check_sampler(spec, params, config, checks)
         elif kind == "environment" and caps is not None:
-            from relax_core.testing.components import check_environment
+            from relax_authoring.testing.components import check_environment
 
             check_environment(spec, params, caps, config, checks)
     checks.raise_if_failed()

@@ -28,7 +28,7 @@ from relax_core.contracts import (
 )
 from relax_core.numerics import reduce_loss
 from relax_core.specs import BEHAVIOUR_NUMERATORS
-from relax_core.testing.contract import Checks, capability_problems, require
+from relax_authoring.testing.contract import Checks, capability_problems, require
 
 T = 8
 GROUPS = 3
@@ -341,14 +341,14 @@ def _check_advantage_terms(est: Any, batch: SyntheticBatch, adv: Tensor, cfg: An
 
 def _check_context_parallel(spec: Any, params: Any, cfg: Any, batch: SyntheticBatch, adv: Tensor) -> None:
     from relax_core.specs import _resolve
-    from relax_core.testing.distributed import run_on_two_ranks
+    from relax_authoring.testing.distributed import run_on_two_ranks
 
     cfg = dataclasses.replace(cfg, context_parallel_size=2)
     b = batch.variant(True, torch.float64)
     adv = fill_masked(adv.to(torch.float64), b.loss_mask, True)
     est = _resolve(spec.factory)(params, cfg)
     _, full_loss, full_grad = policy_loss_value_and_grad(est, b, adv, cfg)
-    ranks = run_on_two_ranks("relax_core.testing.components:_cp_rank", spec.factory, params, cfg, b, adv)
+    ranks = run_on_two_ranks("relax_authoring.testing.components:_cp_rank", spec.factory, params, cfg, b, adv)
     loss = sum(r[0] for r in ranks)
     grad = torch.cat([r[1] for r in ranks], dim=1)
     _same(loss, full_loss, None, f"loss summed over 2 ranks ({float(loss):.9g} vs one process {float(full_loss):.9g})")
