@@ -12,6 +12,10 @@ import threading
 from typing import Any, Callable, Iterator
 
 
+#: starts of one worker when a SIGINT kills it while it starts (:func:`killed_while_starting`)
+SPAWN_TRIES = 3
+
+
 class RunAborted(KeyboardInterrupt):
     """A second Ctrl-C: stop at once.  Checkpoint writes are atomic, so the last complete
     checkpoint is left as it was; :func:`relax_core.run.launch.launch` reports it in one line."""
@@ -39,6 +43,16 @@ def spawn_worker(ctx: Any, target: Callable[..., None], args: tuple, name: str) 
             signal.signal(signal.SIGINT, previous)
     child.close()
     return p, parent
+
+
+def killed_while_starting(process: Any) -> bool:
+    """Whether a worker ``process`` whose pipe closed before it was ready was killed by SIGINT
+    (exit status −SIGINT; waits up to 5 s for it to end).  Its parent starts such a worker
+    again, up to :data:`SPAWN_TRIES` times: a worker spawned off the main thread (a fully-async
+    rollout replacing one) cannot have SIGINT ignored before its interpreter is up, so a
+    Ctrl-C in that window kills it."""
+    process.join(timeout=5)
+    return process.exitcode == -signal.SIGINT
 
 
 def as_worker() -> None:

@@ -29,7 +29,6 @@ import importlib
 import math
 import multiprocessing as mp
 import pickle
-import signal
 import threading
 import time
 import traceback
@@ -39,13 +38,12 @@ from multiprocessing.connection import wait as wait_connections
 from typing import Any, Callable
 
 from relax_core.environments import EPISODE_ENDS, FAULT_ENDS, Reply
-from relax_core.run.interrupts import as_worker, messages, spawn_worker, stop_workers
+from relax_core.run.interrupts import (SPAWN_TRIES, as_worker, killed_while_starting, messages, spawn_worker,
+                                       stop_workers)
 
 ENV_ERROR, ENV_TIMEOUT = (EPISODE_ENDS.index(e) for e in FAULT_ENDS)
 #: seconds a spawned worker may take to import the environment's plugin and build it
 STARTUP_TIMEOUT = 120.0
-#: starts of one worker when a SIGINT kills it while it starts (:meth:`ProcessHost._started`)
-SPAWN_TRIES = 3
 #: the longest single wait (seconds); longer timeouts are waited in pieces (``select`` and
 #: ``poll`` take milliseconds as a C int, about 2.1e6 s at most)
 MAX_WAIT = 3600.0
@@ -204,9 +202,7 @@ class ProcessHost:
 
     def _started(self) -> _Worker:
         """A new worker that has built the environment.  One that a Ctrl-C killed while it
-        started is started again (up to :data:`SPAWN_TRIES` times): off the main thread (a
-        fully-async rollout replacing a worker) its SIGINT cannot be ignored before its
-        interpreter is up (:func:`~relax_core.run.interrupts.spawn_worker`)."""
+        started is started again (:func:`~relax_core.run.interrupts.killed_while_starting`)."""
         for _ in range(SPAWN_TRIES):
             w = self._spawn()
             if self._ready(w):
@@ -223,8 +219,7 @@ class ProcessHost:
         try:
             msg = w.conn.recv()
         except (EOFError, OSError):
-            w.process.join(timeout=5)
-            if w.process.exitcode == -signal.SIGINT:
+            if killed_while_starting(w.process):
                 w.conn.close()
                 return False
             msg = ("fatal", "it exited while starting (workers are spawned: a script that starts a run must "

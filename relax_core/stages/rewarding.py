@@ -76,7 +76,8 @@ from multiprocessing.connection import wait as _wait_connections
 from typing import Any, Callable, Mapping, Sequence
 
 from relax_core.contracts import RewardBatch
-from relax_core.run.interrupts import as_worker, messages, spawn_worker, stop_workers
+from relax_core.run.interrupts import (SPAWN_TRIES, as_worker, killed_while_starting, messages, spawn_worker,
+                                       stop_workers)
 from relax_core.specs import RewardScorerSpec
 
 log = logging.getLogger("relax.rewarding")
@@ -331,6 +332,7 @@ class _Worker:
     task: int | tuple[int, ...] | None = None
     deadline: float = math.inf
     started: bool = False
+    tries: int = 1  # starts so far of this worker's slot that SIGINT killed while starting, plus one
 
 
 class ScoringPool:
@@ -358,15 +360,15 @@ class ScoringPool:
         self._lock = threading.Lock()
         self._workers = [self._start() for _ in range(num_workers)]
 
-    def _start(self) -> _Worker:
+    def _start(self, tries: int = 1) -> _Worker:
         p, conn = spawn_worker(self._ctx, _worker_main, (self._payload,), "relax-reward-worker")
-        return _Worker(p, conn, deadline=time.monotonic() + STARTUP_TIMEOUT)
+        return _Worker(p, conn, deadline=time.monotonic() + STARTUP_TIMEOUT, tries=tries)
 
-    def _replace(self, w: _Worker) -> None:
+    def _replace(self, w: _Worker, tries: int = 1) -> None:
         w.process.kill()
         w.process.join(timeout=5)
         w.conn.close()
-        self._workers[self._workers.index(w)] = self._start()
+        self._workers[self._workers.index(w)] = self._start(tries)
 
     def _tasks(self, metadata: Sequence[dict | None]) -> list[int | tuple[int, ...]]:
         """The calls to make: each sample alone, except that the samples of a batched scorer
@@ -446,8 +448,14 @@ class ScoringPool:
                         msg = conn.recv()
                     except (EOFError, OSError):  # the worker died (segfault, os._exit, OOM kill)
                         if not w.ready:
+                            interrupted = killed_while_starting(w.process)
+                            if interrupted and w.tries < SPAWN_TRIES:
+                                self._replace(w, w.tries + 1)  # a Ctrl-C in its start-up window
+                                continue
                             self.close()
                             raise RewardSetupError(
+                                f"a reward worker was killed by SIGINT while starting, {SPAWN_TRIES} times"
+                                if interrupted else
                                 "a reward worker exited while starting (workers are spawned: a script that "
                                 "starts a run must guard it with `if __name__ == '__main__':`)") from None
                         if w.task is not None:

@@ -2,6 +2,7 @@
 ``tests/core`` is on ``sys.path`` via ``conftest.py`` and workers inherit ``sys.path``)."""
 
 import os
+import signal
 import time
 
 
@@ -112,3 +113,23 @@ def gullible_factory(params, config):
 def discerning_factory(params, config):
     """A model-based scorer that rewards only 'The answer is <label>.'-like responses."""
     return lambda response, label, metadata: float(f"answer is {label}" in response)
+
+
+class InterruptedWhileStarting:
+    """A scorer (1.0 for everything) whose unpickling in a reward worker kills that worker
+    with SIGINT when the file ``marker`` exists (removing it unless ``every_time``), as a
+    Ctrl-C does to a worker spawned off the main thread during its start-up."""
+
+    def __init__(self, marker, every_time=False):
+        self.marker, self.every_time = marker, every_time
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if os.path.exists(self.marker):
+            if not self.every_time:
+                os.remove(self.marker)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def __call__(self, response, label, metadata):
+        return 1.0

@@ -103,6 +103,30 @@ def test_pool_is_reused_across_batches_and_replaces_killed_workers():
         assert r1 == [None, 1.0] and s1["reward_timeouts"] == 1
 
 
+def test_a_worker_killed_by_sigint_while_starting_is_started_again(tmp_path):
+    """A Ctrl-C reaching a reward worker before it ignores SIGINT (a pool started or a worker
+    replaced off the main thread, by a fully-async rollout) kills it while it starts (exit
+    -SIGINT); the pool starts it again instead of ending the run."""
+    marker = tmp_path / "interrupt-next-start"
+    marker.write_text("")
+    with ScoringPool(toys.InterruptedWhileStarting(str(marker)), 1) as pool:
+        rewards, stats = pool.score(["a", "b"], ["1"] * 2, [{}] * 2, timeout=5.0)
+        assert not marker.exists()  # the first start was interrupted
+        assert rewards == [1.0, 1.0] and stats["reward_errors"] == 0
+        marker.write_text("")
+        pool._replace(pool._workers[0])  # a replacement (after a timeout or a crash) interrupted the same way
+        assert pool.score(["c"], ["1"], [{}], timeout=5.0)[0] == [1.0] and not marker.exists()
+
+
+def test_a_worker_killed_by_sigint_at_every_start_is_a_setup_error(tmp_path):
+    marker = tmp_path / "interrupt-every-start"
+    marker.write_text("")
+    pool = ScoringPool(toys.InterruptedWhileStarting(str(marker), every_time=True), 1)
+    with pytest.raises(RewardSetupError, match="killed by SIGINT while starting, 3 times"):
+        pool.score(["a"], ["1"], [{}], timeout=5.0)
+    assert pool.closed
+
+
 def test_empty_batch_and_length_mismatch():
     assert _score(toys.exact, []) == ([], {"reward_errors": 0, "reward_timeouts": 0})
     with pytest.raises(ValueError, match="differ in length"):
