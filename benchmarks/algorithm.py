@@ -67,11 +67,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import estimators as group_bench  # noqa: E402  (the group-estimator engineer's loop pieces)
 
 from relax_core import PPOClipParams  # noqa: E402
-from relax_core.config import RunConfig  # noqa: E402
 from relax_core.batch import Batch  # noqa: E402
+from relax_core.config import RunConfig  # noqa: E402
 from relax_core.contracts import AdvantageInput, ForwardOutput  # noqa: E402
-from relax_core.stages.loss import ActorLoss, LossSettings  # noqa: E402
 from relax_core.host.plugins import default_registry  # noqa: E402
+from relax_core.stages.loss import ActorLoss, LossSettings  # noqa: E402
 
 ESTIMATORS = ("grpo", "rloo", "cispo", "gspo", "sapo", "m2po", "ppo", "reinforce_plus_plus",
               "reinforce_plus_plus_baseline")

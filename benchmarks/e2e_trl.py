@@ -163,9 +163,9 @@ def relax_worker(a: argparse.Namespace) -> None:
     torch.set_num_threads(a.threads)
     from relax_core import trainer as tr
     from relax_core.config import build_config, parse_cli
-    from relax_core.run.launch import launch
     from relax_core.host.plugins import load_registry
     from relax_core.host.validation import resolve
+    from relax_core.run.launch import launch
 
     flags = [*matched_relax_flags(model=a.model_dir, data=a.data, prompts=a.prompts, group=a.group,
                                   max_new=a.max_new, lr=1e-6, temperature=1.0, seed=0),
@@ -199,11 +199,10 @@ def trl_worker(a: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(a.threads)
+    import e2e_reward
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-
-    import e2e_reward
 
     rows = [json.loads(line) for line in Path(a.data).read_text().splitlines() if line.strip()]
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "label": r["label"]} for r in rows])
@@ -289,8 +288,8 @@ def write_prompts(path: Path, n: int = 64) -> None:
 
 
 def model_dir(kind: str, work: Path) -> str:
-    from relax_core.models import ensure_default_model
     from relax_authoring.testing.models import make_tiny_model
+    from relax_core.models import ensure_default_model
 
     if kind == "smollm2":
         return str(ensure_default_model())

@@ -34,8 +34,8 @@ import torch
 from relax_core import PPOClipParams
 from relax_core.config import RunConfig
 from relax_core.contracts import AdvantageInput, PolicyLossInput
-from relax_core.numerics import reduce_loss
 from relax_core.host.plugins import default_registry
+from relax_core.numerics import reduce_loss
 
 ESTIMATORS = ("grpo", "rloo", "cispo", "gspo", "sapo", "m2po")
 REDUCTION = {"rloo": "token-mean", "cispo": "token-mean"}  # as their capabilities require

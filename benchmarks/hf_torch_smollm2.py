@@ -26,8 +26,8 @@ def main() -> None:
     ap.add_argument("--skip-train", action="store_true")
     a = ap.parse_args()
 
-    from relax_core.config import RunConfig
     from relax_core.batch import Batch
+    from relax_core.config import RunConfig
     from relax_core.contracts import SamplingParams
     from relax_core.stages.optimizer import OptimizerSettings, optimizer_step
     from relax_hf.engine import build as build_engine

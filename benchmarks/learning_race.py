@@ -173,8 +173,8 @@ def write_training_rows(train_source: str, eval_source: str, path: Path) -> dict
 
 def model_path(kind: str, work: Path) -> str:
     """``default``: the embedded SmolLM2-135M-Instruct; ``tiny``: a tiny random Qwen3; else a directory."""
-    from relax_core.models import ensure_default_model
     from relax_authoring.testing.models import make_tiny_model
+    from relax_core.models import ensure_default_model
 
     if kind == "default":
         return str(ensure_default_model())

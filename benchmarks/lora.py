@@ -35,9 +35,9 @@ import time
 from pathlib import Path
 
 import torch
+from step_speed import Loss, model_path, peak_gib, rss_gib, train_step, workload
 
 from relax_core.config import RunConfig
-from step_speed import Loss, model_path, peak_gib, rss_gib, train_step, workload
 
 #: bytes per parameter of the rollout engine's copy of the weights (float32), on one machine
 ENGINE_BYTES = 4

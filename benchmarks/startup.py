@@ -109,8 +109,8 @@ def main() -> None:
     load_s, problems = _median_in_process(a.runs)
     import tempfile
 
-    from relax_core.models import ensure_default_model
     from relax_authoring.testing.models import make_tiny_model
+    from relax_core.models import ensure_default_model
 
     with tempfile.TemporaryDirectory() as tmp:
         tiny = str(make_tiny_model(Path(tmp) / "tiny", seed=0))

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from relax_core.run.exits import EXIT_BAD_INPUT
+from relax_core.run.exits import EXIT_BAD_INPUT, EXIT_ENVIRONMENT_FAILED
 from relax_core.specs import KIND, KINDS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -313,6 +313,7 @@ def eval_(
 
     from relax_core.evaluation.run import EvalSettings, prepare, report_table, run_eval
     from relax_core.run.launch import BadInput
+    from relax_core.stages.episodes import EnvironmentPromptError
 
     reg = _registry()
     settings = EvalSettings(n_samples=n_samples, pass_k=tuple(pass_k), temperature=temperature, top_p=top_p,
@@ -328,7 +329,11 @@ def eval_(
     for w in warnings:
         typer.echo(f"relax eval: warning: {w}", err=True)
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    report, out_dir = run_eval(evaluated, sets, scorer, settings, reg, out)
+    try:
+        report, out_dir = run_eval(evaluated, sets, scorer, settings, reg, out)
+    except EnvironmentPromptError as e:
+        typer.echo(f"relax eval: error: {e}", err=True)
+        raise typer.Exit(EXIT_ENVIRONMENT_FAILED)
     Console(highlight=False).print(report_table(report))
     typer.echo(f"wrote {out_dir / 'eval.json'} and {out_dir / 'eval_samples.jsonl'}")
 

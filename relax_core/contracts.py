@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from relax_core.batch import TOP_K_HEAD, Batch, Fields
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
     from torch import Tensor
 else:
     Tensor = Any

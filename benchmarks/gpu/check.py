@@ -240,9 +240,9 @@ def grpo_step(backend, batch, cfg):
     as the trainer runs it) of ``backend`` on ``batch`` with the trainer's GRPO actor loss
     (:class:`relax_core.stages.loss.ActorLoss`, a fresh one per step as the trainer builds it; one
     update per rollout, old log-probs = detach(current))."""
+    from relax_core.host.plugins import default_registry
     from relax_core.stages.loss import ActorLoss, LossSettings, global_denominators
     from relax_core.stages.optimizer import OptimizerSettings, optimizer_step
-    from relax_core.host.plugins import default_registry
 
     spec = default_registry().get("estimator", "grpo").spec
     params = spec.default_params()

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from relax_authoring.testing.contract import Checks, capability_problems, require
 from relax_core.contracts import (
     AdvantageInput,
     AdvantageOutput,
@@ -28,7 +29,6 @@ from relax_core.contracts import (
 )
 from relax_core.numerics import reduce_loss
 from relax_core.specs import BEHAVIOUR_NUMERATORS
-from relax_authoring.testing.contract import Checks, capability_problems, require
 
 T = 8
 GROUPS = 3
@@ -340,8 +340,8 @@ def _check_advantage_terms(est: Any, batch: SyntheticBatch, adv: Tensor, cfg: An
 
 
 def _check_context_parallel(spec: Any, params: Any, cfg: Any, batch: SyntheticBatch, adv: Tensor) -> None:
-    from relax_core.specs import _resolve
     from relax_authoring.testing.distributed import run_on_two_ranks
+    from relax_core.specs import _resolve
 
     cfg = dataclasses.replace(cfg, context_parallel_size=2)
     b = batch.variant(True, torch.float64)

@@ -18,8 +18,8 @@ def train_tiny(tmp_path: Path, *args: str, moe: bool = False) -> list[dict]:
         AssertionError: the run did not exit 0 or did not
             log two training steps.
     """
-    from relax_core.host.plugins import default_registry
     from relax_authoring.testing.models import make_tiny_model
+    from relax_core.host.plugins import default_registry
     from relax_core.run.launch import configure, launch
 
     model = make_tiny_model(tmp_path / "model", moe=moe)

@@ -13,5 +13,7 @@ EXIT_WORKER_DIED = 4
 EXIT_CHECKPOINT_FAILED = 5
 #: the LoRA adapter did not reach the rollout engine (its log-probs stayed the base model's)
 EXIT_ADAPTER_NOT_REACHED = 6
+#: the environment's prompt() raised or ran past --env-timeout; the last complete checkpoint is intact
+EXIT_ENVIRONMENT_FAILED = 7
 #: interrupted by Ctrl-C (first: checkpoint saved; second: aborted)
 EXIT_INTERRUPTED = 130

@@ -11,7 +11,6 @@ import signal
 import threading
 from typing import Any, Callable, Iterator
 
-
 #: starts of one worker when a SIGINT kills it while it starts (:func:`killed_while_starting`)
 SPAWN_TRIES = 3
 

@@ -24,10 +24,12 @@ from relax_core.run.exits import (
     EXIT_ADAPTER_NOT_REACHED,
     EXIT_BAD_INPUT,
     EXIT_CHECKPOINT_FAILED,
+    EXIT_ENVIRONMENT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_WORKER_DIED,
 )
 from relax_core.run.lora import AdapterCheck, AdapterNotReached
+from relax_core.stages.episodes import EnvironmentPromptError
 
 
 class BadInput(ValueError):
@@ -319,6 +321,11 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     except ckpt.CheckpointError as e:
         print(f"relax: error: {e}; free space or fix the directory, then continue with --resume", file=sys.stderr)
         return EXIT_CHECKPOINT_FAILED
+    except EnvironmentPromptError as e:
+        last = ckpt.latest_checkpoint(checkpoint_dir(cfg, run_dir)) if run_dir else None
+        print(f"relax: error: {e}; fix the environment, then " + (f"continue from {last} with --resume" if last else
+                                                                   "start again"), file=sys.stderr)
+        return EXIT_ENVIRONMENT_FAILED
     except KeyboardInterrupt:
         last = ckpt.latest_checkpoint(checkpoint_dir(cfg, run_dir)) if run_dir else None
         print("relax: aborted by Ctrl-C; " + (f"the last complete checkpoint is {last} (continue with --resume)"

@@ -37,9 +37,15 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_connections
 from typing import Any, Callable
 
-from relax_core.environments import EPISODE_ENDS, FAULT_ENDS, Reply
-from relax_core.run.interrupts import (SPAWN_TRIES, as_worker, killed_while_starting, messages, spawn_worker,
-                                       stop_workers)
+from relax_core.environments import EPISODE_ENDS, FAULT_ENDS, Reply, prompt_of
+from relax_core.run.interrupts import (
+    SPAWN_TRIES,
+    as_worker,
+    killed_while_starting,
+    messages,
+    spawn_worker,
+    stop_workers,
+)
 
 ENV_ERROR, ENV_TIMEOUT = (EPISODE_ENDS.index(e) for e in FAULT_ENDS)
 #: seconds a spawned worker may take to import the environment's plugin and build it
@@ -104,6 +110,10 @@ class ThreadHost:
     def __init__(self, environment: Any, timeout: float, workers: int):
         self.environment, self.timeout, self.workers = environment, timeout, workers
 
+    def prompts(self, texts: list[str]) -> list[Result]:
+        """The prompt the environment wants for each text (``prompt_of``); a value is a ``str``."""
+        return call_all([lambda x=x: prompt_of(self.environment, x) for x in texts], self.timeout, self.workers)
+
     def start(self, rows: list[dict]) -> list[Result]:
         """``environment.start(row)`` per row; a value is the episode's handle for :meth:`step`."""
         return call_all([lambda r=r: self.environment.start(r) for r in rows], self.timeout, self.workers)
@@ -123,7 +133,8 @@ class ThreadHost:
 def _worker_main(conn: Any, factory: str, params: Any, config: Any) -> None:
     """Worker process: build the environment, then serve calls.
 
-    Messages in: ``("start", id, row)``, ``("step", id, turn)``, ``("clear",)`` (forget every
+    Messages in: ``("start", id, row)``, ``("step", id, turn)``, ``("prompt", id, text)``
+    (the environment's prompt for ``text``), ``("clear",)`` (forget every
     episode; no answer) or ``None`` (stop).  Out: ``("ready",)`` or ``("fatal", text)`` once,
     then per call ``(id, fault, value)`` with ``fault`` ``None`` or ``ENV_ERROR``.  SIGINT is
     ignored (a terminal's Ctrl-C reaches the whole process group; the parent decides), and
@@ -147,6 +158,8 @@ def _worker_main(conn: Any, factory: str, params: Any, config: Any) -> None:
             if kind == "start":
                 episodes[eid] = env.start(arg)
                 out: Result = (None, eid)  # the handle
+            elif kind == "prompt":
+                out = (None, prompt_of(env, arg))
             else:
                 out = (None, checked(episodes[eid].step(arg)))
         except Exception as e:  # noqa: BLE001 - the episode's fault
@@ -239,6 +252,12 @@ class ProcessHost:
         new.queue = old.queue
         self._workers[k] = new
         self.restarts += 1
+
+    def prompts(self, texts: list[str]) -> list[Result]:
+        """The prompt the environment wants for each text (its ``prompt``), computed in the
+        workers (text ``i`` in worker ``i mod workers``); a value is a ``str``.  Episodes in
+        progress are kept."""
+        return self._run([(i, ("prompt", i, x)) for i, x in enumerate(texts)])
 
     def start(self, rows: list[dict]) -> list[Result]:
         """Forget the previous episodes and start one per row (episode ``i`` in worker

@@ -53,10 +53,15 @@ from torch.nn.utils.rnn import pad_sequence
 from relax_core.batch import FIELDS, PAD_TOKEN
 from relax_core.contracts import GenerationOutput, SamplingParams
 from relax_core.environments import EPISODE_ENDS, SingleTurn, Turn
-from relax_core.stages.env_host import ENV_ERROR, ProcessHost, ThreadHost
+from relax_core.stages.env_host import ENV_ERROR, ENV_TIMEOUT, ProcessHost, ThreadHost
 from relax_core.stages.reward_mix import is_count
 
 log = logging.getLogger("relax.episodes")
+
+
+class EnvironmentPromptError(RuntimeError):
+    """The environment's ``prompt(text)`` raised or ran past ``--env-timeout``: the sample has
+    no prompt, so the run stops (exit 7, :data:`~relax_core.run.exits.EXIT_ENVIRONMENT_FAILED`)."""
 
 _MARK = "\x00relax-turn\x00"
 ENV_DONE, MAX_TURNS, MAX_EPISODE_TOKENS, TURN_LENGTH = (EPISODE_ENDS.index(e) for e in
@@ -157,7 +162,6 @@ class EpisodeRunner:
 
     Args:
         engine: the rollout engine (``generate(prompt_ids, sampling)``).
-        environment: the environment object (``start(row) -> episode``).
         renderer: the :class:`ReplyRenderer` of the engine's tokenizer.
         max_turns: ``--max-turns``.
         max_episode_tokens: ``--max-episode-tokens`` (``None`` = no limit).
@@ -167,12 +171,14 @@ class EpisodeRunner:
         host: where the environment's calls run, under ``--env-timeout``, ``--env-num-workers``
             at once (:mod:`relax_core.stages.env_host`: a ``ThreadHost`` of ``environment`` or
             a ``ProcessHost`` of its spec); :meth:`close` closes it.
+        name: the environment's name, in the log line of a failed call.
     """
 
-    def __init__(self, engine: Any, environment: Any, renderer: ReplyRenderer, *, max_turns: int,
-                 max_episode_tokens: int | None, score: Callable | None, pad_token_id: int, host: Any):
+    def __init__(self, engine: Any, renderer: ReplyRenderer, *, max_turns: int,
+                 max_episode_tokens: int | None, score: Callable | None, pad_token_id: int, host: Any,
+                 name: str = "environment"):
         self.engine = engine
-        self.environment = environment
+        self.name = name
         self.renderer = renderer
         self.max_turns = max_turns
         self.max_episode_tokens = max_episode_tokens
@@ -185,6 +191,24 @@ class EpisodeRunner:
         summed over the turns it scored, and ``rollout/env_errors`` / ``rollout/env_timeouts``
         (episodes ended by a failed environment call)."""
 
+    def prompts(self, texts: list[str]) -> list[str]:
+        """The prompt text the environment wants for each data prompt (its optional
+        ``prompt(text)``, else the text), computed where its calls run (the host: in a worker
+        with ``--env-isolation process``), each under ``--env-timeout``.
+
+        Raises:
+            EnvironmentPromptError: a ``prompt`` call raised or ran past ``--env-timeout``
+                (the first such text is named); a run stops on it, since the sample has no
+                prompt to generate from.
+        """
+        results = self.host.prompts(texts)
+        for i, (fault, value) in enumerate(results):
+            if fault is not None:
+                what = "ran past --env-timeout" if fault == ENV_TIMEOUT else "failed"
+                raise EnvironmentPromptError(f"environment '{self.name}': prompt() {what} on the prompt "
+                                             f"{texts[i][:60]!r}: {value}")
+        return [v for _, v in results]
+
     def _faults(self, eps: list[_Episode], results: list[tuple[int | None, Any]]) -> list[Any]:
         """The host's results of one call per episode of ``eps``: a failed call ends its
         episode (``fault``, counted) and gives ``None``."""
@@ -195,7 +219,7 @@ class EpisodeRunner:
                 self.metrics[name] = self.metrics.get(name, 0.0) + 1.0
                 if not self._warned:
                     self._warned = True
-                    log.warning("environment %s: %s", type(self.environment).__name__, value)
+                    log.warning("environment %s: %s", self.name, value)
         return [v if f is None else None for f, v in results]
 
     def close(self) -> None:
@@ -362,20 +386,20 @@ def build_runner(cfg: Any, reg: Any, engine: Any, score: Callable | None) -> Epi
     r = reg.get("environment", cfg.environment)
     params = cfg.params_for(cfg.environment)
     caps = r.spec.capabilities_for(params)
-    env = r.spec.build(params, cfg)
+    # with --env-isolation process the environment is built in the workers only (never here)
     host = ProcessHost(r.spec.factory, params, cfg, cfg.env_timeout, cfg.env_num_workers) \
-        if cfg.env_isolation == "process" else ThreadHost(env, cfg.env_timeout, cfg.env_num_workers)
+        if cfg.env_isolation == "process" else ThreadHost(r.spec.build(params, cfg), cfg.env_timeout,
+                                                          cfg.env_num_workers)
     tokenizer = engine.tokenizer
-    return EpisodeRunner(engine, env, ReplyRenderer(tokenizer, cfg.apply_chat_template),
+    return EpisodeRunner(engine, ReplyRenderer(tokenizer, cfg.apply_chat_template),
                          max_turns=cfg.max_turns if caps.multi_turn else 1, max_episode_tokens=cfg.max_episode_tokens,
                          score=score if caps.scores_turns else None, pad_token_id=tokenizer.pad_token_id or 0,
-                         host=host)
+                         host=host, name=cfg.environment)
 
 
 def single_turn_runner(engine: Any, cfg: Any) -> EpisodeRunner:
     """The runner of a loop built without an environment (tests): :class:`SingleTurn`."""
-    env = SingleTurn()
-    return EpisodeRunner(engine, env, ReplyRenderer(engine.tokenizer, False), max_turns=1,
+    return EpisodeRunner(engine, ReplyRenderer(engine.tokenizer, False), max_turns=1,
                          max_episode_tokens=cfg.max_episode_tokens, score=None,
                          pad_token_id=engine.tokenizer.pad_token_id or 0,
-                         host=ThreadHost(env, cfg.env_timeout, cfg.env_num_workers))
+                         host=ThreadHost(SingleTurn(), cfg.env_timeout, cfg.env_num_workers), name="single_turn")

@@ -76,8 +76,14 @@ from multiprocessing.connection import wait as _wait_connections
 from typing import Any, Callable, Mapping, Sequence
 
 from relax_core.contracts import RewardBatch
-from relax_core.run.interrupts import (SPAWN_TRIES, as_worker, killed_while_starting, messages, spawn_worker,
-                                       stop_workers)
+from relax_core.run.interrupts import (
+    SPAWN_TRIES,
+    as_worker,
+    killed_while_starting,
+    messages,
+    spawn_worker,
+    stop_workers,
+)
 from relax_core.specs import RewardScorerSpec
 
 log = logging.getLogger("relax.rewarding")

@@ -45,7 +45,7 @@ import torch
 from relax_core.batch import Batch
 from relax_core.contracts import RewardBatch, SamplingParams
 from relax_core.data import Dataset, encode_prompts
-from relax_core.environments import EPISODE_ENDS, FAULT_ENDS, prompt_of
+from relax_core.environments import EPISODE_ENDS, FAULT_ENDS
 from relax_core.evaluation.metrics import sample_metrics
 from relax_core.numerics import ZERO_STD_TOL, group_stats
 from relax_core.sampling import PromptResults
@@ -240,12 +240,12 @@ class Rollout:
         self._prompt_cache: dict[int, tuple[str, list[int]]] = {}
 
     def _prompts(self, rows: list[dict], indices: list[int]) -> tuple[list[str], list[list[int]]]:
-        env = self.episodes.environment
+        prompts = self.episodes.prompts
         if rows is not self.data.rows:
-            return encode_prompts([prompt_of(env, rows[i]["prompt"]) for i in indices], self.tokenizer, self.cfg)
-        todo = [i for i in indices if i not in self._prompt_cache]
+            return encode_prompts(prompts([rows[i]["prompt"] for i in indices]), self.tokenizer, self.cfg)
+        todo = list(dict.fromkeys(i for i in indices if i not in self._prompt_cache))
         if todo:
-            texts, ids = encode_prompts([prompt_of(env, rows[i]["prompt"]) for i in todo], self.tokenizer, self.cfg)
+            texts, ids = encode_prompts(prompts([rows[i]["prompt"] for i in todo]), self.tokenizer, self.cfg)
             self._prompt_cache.update(zip(todo, zip(texts, ids)))
         return [self._prompt_cache[i][0] for i in indices], [self._prompt_cache[i][1] for i in indices]
 

@@ -9,9 +9,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from relax_core_test_toys import infra_plugin  # noqa: E402
-
 from relax_core.host.plugins import load_registry  # noqa: E402
+from relax_core_test_toys import infra_plugin  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

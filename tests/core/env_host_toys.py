@@ -41,6 +41,14 @@ class Episode:
 
 
 class Counting:
+    def prompt(self, text):
+        """``text`` and the pid of the process it ran in; raises or hangs for those prompts."""
+        if text == "prompt-raise":
+            raise ValueError("no prompt for this row")
+        if text == "prompt-hang":
+            time.sleep(60)
+        return f"{text} {os.getpid()}"
+
     def start(self, row):
         if row["prompt"] == "start":
             raise RuntimeError("no such game")
@@ -48,6 +56,15 @@ class Counting:
 
 
 def build(params, config):
+    return Counting()
+
+
+def workers_only(params, config):
+    """``build``, refusing to run in the trainer's (the main) process."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is None:
+        raise AssertionError("the environment was built in the trainer's process")
     return Counting()
 
 

@@ -12,9 +12,20 @@ from dataclasses import dataclass
 
 import torch
 
-from relax_core import (BackendCapabilities, BackendSpec, DataSourceSpec, EngineCapabilities, EngineSpec,
-                        EnvironmentSpec, EstimatorCapabilities, EstimatorSpec, RewardScorerSpec, SamplerSpec, hookimpl,
-                        param)
+from relax_core import (
+    BackendCapabilities,
+    BackendSpec,
+    DataSourceSpec,
+    EngineCapabilities,
+    EngineSpec,
+    EnvironmentSpec,
+    EstimatorCapabilities,
+    EstimatorSpec,
+    RewardScorerSpec,
+    SamplerSpec,
+    hookimpl,
+    param,
+)
 from relax_core.contracts import AdvantageOutput, CorrectionOutput, PolicyLossOutput
 from relax_core.hookspecs import HOOK_KINDS
 from relax_core.numerics import broadcast_to_tokens, group_stats, masked_fill_zero

@@ -2,8 +2,16 @@
 
 import pytest
 
-from relax_core.answers import (answer_line, answer_tag, gsm8k_final, last_boxed, last_number, numbers_equal,
-                                parse_number, strip_math)
+from relax_core.answers import (
+    answer_line,
+    answer_tag,
+    gsm8k_final,
+    last_boxed,
+    last_number,
+    numbers_equal,
+    parse_number,
+    strip_math,
+)
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -3,8 +3,8 @@ extra module is refused at startup, naming what is missing, where that does not 
 
 from __future__ import annotations
 
-from relax_core.host.capabilities import CAPABILITIES, Context, Selected
 from relax_core.config import RunConfig
+from relax_core.host.capabilities import CAPABILITIES, Context, Selected
 from relax_core.specs import BackendCapabilities
 
 CP = next(c for c in CAPABILITIES if c.kind == "backend" and c.field == "supports_context_parallel")

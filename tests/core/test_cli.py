@@ -6,11 +6,11 @@ import subprocess
 import sys
 
 import pytest
-from relax_core_test_toys import BASE_CAPS, estimator, make_plugin
 from typer.testing import CliRunner
 
 import relax_core.host.plugins as plugins_mod
 from cli.main import app
+from relax_core_test_toys import BASE_CAPS, estimator, make_plugin
 
 runner = CliRunner()
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from relax_core import PPOClipParams
-from relax_core.config import RunConfig
 from relax_core.batch import Batch
+from relax_core.config import RunConfig
 from relax_core.contracts import AdvantageInput, ForwardOutput
-from relax_core.stages.loss import ActorLoss, LossSettings, global_denominators
 from relax_core.host.plugins import default_registry
+from relax_core.stages.loss import ActorLoss, LossSettings, global_denominators
 
 ESTIMATORS = ("grpo", "rloo", "cispo", "gspo", "sapo", "m2po", "ppo", "reinforce_plus_plus",
               "reinforce_plus_plus_baseline")

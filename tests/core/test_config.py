@@ -4,11 +4,10 @@ import dataclasses
 import math
 
 import pytest
-from relax_core_test_toys import ToyParams
 
 from relax_core import DualClipParams, PPOClipParams
-
 from relax_core.config import ConfigError, RunConfig, build_config, config_fields, load_yaml, parse_cli, value_problems
+from relax_core_test_toys import ToyParams
 
 SCHEMAS = {"toy": ToyParams, "clip": DualClipParams}  # the PPO-clip block: --eps-clip, ...
 

@@ -5,11 +5,18 @@ import dataclasses
 from dataclasses import dataclass
 
 import pytest
-from relax_core_test_toys import ToyParams
 
-from relax_core import (CorrectionCapabilities, CorrectionSpec, EngineSpec, EstimatorCapabilities, EstimatorSpec,
-                        RewardScorerSpec, param)
 from relax_authoring.testing import check_contract, config_for
+from relax_core import (
+    CorrectionCapabilities,
+    CorrectionSpec,
+    EngineSpec,
+    EstimatorCapabilities,
+    EstimatorSpec,
+    RewardScorerSpec,
+    param,
+)
+from relax_core_test_toys import ToyParams
 
 CAPS = EstimatorCapabilities(supports_context_parallel=True, sync_only=False, supports_fully_async=True,
                              min_group_size=2, behaviour_numerator="old_log_probs")

@@ -8,8 +8,16 @@ import json
 import pytest
 
 from relax_core.config import RunConfig
-from relax_core.data import (DataCursor, DataError, data_fingerprint, encode_prompts, exclude_eval_prompts, gsm8k_label,
-                             load_dataset, prompt_text)
+from relax_core.data import (
+    DataCursor,
+    DataError,
+    data_fingerprint,
+    encode_prompts,
+    exclude_eval_prompts,
+    gsm8k_label,
+    load_dataset,
+    prompt_text,
+)
 
 
 def _write(path, rows):

@@ -5,16 +5,17 @@ fails; a worker that cannot build the environment stops the run at once."""
 
 import math
 import multiprocessing as mp
+import os
 import time
 
 import pytest
 import torch
+from test_episodes import EOS, ScriptedEngine
 
 from relax_core.config import RunConfig
 from relax_core.contracts import SamplingParams
 from relax_core.environments import EPISODE_ENDS, Reply, Turn
 from relax_core.stages.env_host import ENV_ERROR, ENV_TIMEOUT, ProcessHost, ThreadHost
-from test_episodes import EOS, ScriptedEngine
 
 FACTORY = "env_host_toys:build"
 
@@ -181,6 +182,46 @@ def test_a_worker_killed_by_sigint_while_starting_is_started_again(tmp_path):
         host.close()
 
 
+def test_prompts_are_computed_where_the_environment_calls_run(host):
+    """An environment's ``prompt(text)`` runs in the workers with --env-isolation process (in
+    this process with threads), text i in worker i mod n, under --env-timeout."""
+    from env_host_toys import Counting
+
+    results = host.prompts(["a", "b", "c"])
+    assert [f for f, _ in results] == [None] * 3
+    pids = [int(v.split()[1]) for _, v in results]
+    assert [v.split()[0] for _, v in results] == ["a", "b", "c"]
+    assert os.getpid() not in pids and pids[0] == pids[2] != pids[1]
+    assert ThreadHost(Counting(), 1.5, 2).prompts(["a"]) == [(None, f"a {os.getpid()}")]
+    (f1, _), (f2, text), (f3, _) = host.prompts(["prompt-hang", "ok", "prompt-raise"])
+    assert (f1, f2, f3) == (ENV_TIMEOUT, None, ENV_ERROR) and text.startswith("ok ")
+
+
+def test_the_runner_stops_on_a_failed_prompt_and_builds_no_environment_here(tmp_path):
+    """With --env-isolation process the trainer's process never builds the environment (the
+    toy factory refuses to run in it); a prompt() that fails stops the run with the prompt
+    named (EnvironmentPromptError, exit 7 from relax train)."""
+    from relax_core import EnvironmentSpec
+    from relax_core.host.plugins import load_registry
+    from relax_core.stages.episodes import EnvironmentPromptError, build_runner
+    from relax_core_test_toys import make_plugin
+
+    spec = EnvironmentSpec(name="workers_only", summary="toy", source="tests", factory="env_host_toys:workers_only")
+    reg = load_registry([("toys", make_plugin(spec))], entry_points=False)
+    engine = type("Engine", (), {"tokenizer": type("Tok", (), {"pad_token_id": 0})()})()
+    cfg = RunConfig(environment="workers_only", env_isolation="process", env_num_workers=1, env_timeout=1.0)
+    runner = build_runner(cfg, reg, engine, score=None)
+    try:
+        assert runner.prompts(["x"])[0].split()[0] == "x"
+        with pytest.raises(EnvironmentPromptError, match="environment 'workers_only': prompt\\(\\) failed on the "
+                                                         "prompt 'prompt-raise': ValueError: no prompt for this row"):
+            runner.prompts(["ok", "prompt-raise"])
+        with pytest.raises(EnvironmentPromptError, match="prompt\\(\\) ran past --env-timeout"):
+            runner.prompts(["prompt-hang"])
+    finally:
+        runner.close()
+
+
 def test_a_worker_that_cannot_build_the_environment_stops_at_once():
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="(?s)could not build the environment:.*ValueError: cannot build"):
@@ -200,7 +241,7 @@ def test_the_runner_through_worker_processes(tokenizer):
     engine = ScriptedEngine(tokenizer, scripts)
     host = ProcessHost(FACTORY, None, RunConfig(), timeout=1.5, workers=2)
     try:
-        runner = EpisodeRunner(engine, None, ReplyRenderer(tokenizer, True), max_turns=3, max_episode_tokens=None,
+        runner = EpisodeRunner(engine, ReplyRenderer(tokenizer, True), max_turns=3, max_episode_tokens=None,
                                score=None, pad_token_id=EOS, host=host)
         out = runner.generate(_rows(*modes), [""] * 4, [[p, 51] for p in scripts], SamplingParams(max_new_tokens=4))
     finally:

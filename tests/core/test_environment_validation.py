@@ -6,7 +6,6 @@ a maximum context needs --max-episode-tokens; the environment kind in the CLI an
 import dataclasses
 
 import pytest
-from relax_core_test_toys import BASE_CAPS, estimator, make_plugin
 from typer.testing import CliRunner
 
 import relax_core.host.plugins as plugins_mod
@@ -14,6 +13,7 @@ from cli.main import app
 from relax_core import EngineCapabilities, EngineSpec, EnvironmentCapabilities, EnvironmentSpec
 from relax_core.config import RunConfig
 from relax_core.host.validation import resolve
+from relax_core_test_toys import BASE_CAPS, estimator, make_plugin
 
 HOLES = dataclasses.replace(BASE_CAPS, supports_loss_mask_holes=True)
 

@@ -79,7 +79,7 @@ class ScriptedEnv:
 def run(tokenizer, scripts, replies, rewards, *, max_turns=4, limit=None, max_new=4, seed=7):
     engine = ScriptedEngine(tokenizer, scripts)
     env = ScriptedEnv(replies, rewards)
-    runner = EpisodeRunner(engine, env, ReplyRenderer(tokenizer, True), max_turns=max_turns,
+    runner = EpisodeRunner(engine, ReplyRenderer(tokenizer, True), max_turns=max_turns,
                            max_episode_tokens=limit, score=None, pad_token_id=EOS, host=ThreadHost(env, 60.0, 4))
     rows = [{"prompt": p, "label": None, "metadata": {}} for p in scripts]
     out = runner.generate(rows, [""] * len(rows), [[p, 51] for p in scripts], SamplingParams(max_new_tokens=max_new,
@@ -169,8 +169,8 @@ def test_max_episode_tokens_cuts_a_turn_and_refuses_a_reply(tokenizer):
 def test_per_token_counts_exclude_environment_tokens():
     """--calculate-per-token-loss divides by the model tokens: an episode with environment
     tokens reduces to the value of the same model tokens without them."""
-    from relax_core.stages.loss import global_denominators
     from relax_core.numerics import reduce_loss
+    from relax_core.stages.loss import global_denominators
 
     loss = torch.tensor([[1.0, 2.0, 9e9, float("nan"), 3.0], [4.0, 5.0, 0.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0, 0, 1], [1, 1, 0, 0, 0]], dtype=torch.bool)  # row 0: 2 environment tokens
@@ -186,8 +186,8 @@ def test_contract_kit_verifies_mask_holes_and_one_turn_declarations():
     """An estimator that spreads advantages over the first response_lengths positions passes
     every check until it declares supports_loss_mask_holes; an environment that continues
     without declaring multi_turn is caught."""
-    from relax_core import EnvironmentCapabilities, EnvironmentSpec, EstimatorCapabilities, EstimatorSpec
     from relax_authoring.testing import check_contract
+    from relax_core import EnvironmentCapabilities, EnvironmentSpec, EstimatorCapabilities, EstimatorSpec
 
     def toy(holes):
         caps = EstimatorCapabilities(sync_only=False, supports_fully_async=True, min_group_size=2,
@@ -210,8 +210,8 @@ def test_contract_kit_verifies_accepts_advantage_terms():
     """A per-token advantage term must stay credit at its own token: a loss that uses each
     sequence's mean advantage passes every check until it declares accepts_advantage_terms;
     the token-local toy passes with it."""
-    from relax_core import EstimatorCapabilities, EstimatorSpec
     from relax_authoring.testing import check_contract
+    from relax_core import EstimatorCapabilities, EstimatorSpec
 
     def toy(factory, accepts):
         caps = EstimatorCapabilities(sync_only=False, supports_fully_async=True, min_group_size=2,
@@ -240,7 +240,7 @@ def test_scored_turns_reach_the_environment_and_their_counts_are_kept(tokenizer)
 
     engine = ScriptedEngine(tokenizer, {100: [[1010, EOS], [1011, EOS], [1012, EOS]], 101: [[1020, EOS]]})
     env = Retry(3, 0.5, 1.0, "again")
-    runner = EpisodeRunner(engine, env, ReplyRenderer(tokenizer, True), max_turns=3,
+    runner = EpisodeRunner(engine, ReplyRenderer(tokenizer, True), max_turns=3,
                            max_episode_tokens=None, score=score, pad_token_id=EOS, host=ThreadHost(env, 60.0, 4))
     out = runner.generate([{"prompt": "", "label": "5", "metadata": {}}] * 2, ["", ""], [[100, 51], [101, 51]],
                           SamplingParams(max_new_tokens=4))
@@ -258,10 +258,10 @@ def test_corrections_count_only_model_tokens(name, params):
     """A correction applied to episodes with environment tokens (garbage in them) gives the
     loss and gradient of the same model tokens without them: its per-sequence statistics
     (sequence and geometric ratios) run over loss_mask, not over positions."""
-    from relax_core.contracts import CorrectionInput
-    from relax_core.numerics import reduce_loss
-    from relax_core.host.plugins import default_registry
     from relax_authoring.testing.components import synthetic_batch, with_holes
+    from relax_core.contracts import CorrectionInput
+    from relax_core.host.plugins import default_registry
+    from relax_core.numerics import reduce_loss
 
     if name not in default_registry().names("correction"):
         pytest.skip(f"correction {name} not installed")
@@ -328,7 +328,7 @@ def test_a_raising_or_hanging_environment_ends_only_its_episode(tokenizer, caplo
     rewards = {p: [0.25, 0.25, 1.0] for p in scripts}
     env = FaultyEnv(replies, rewards, {101: ("raise", 0), 102: ("hang", 1), 103: "start", 104: ("junk", 1)})
     engine = ScriptedEngine(tokenizer, scripts)
-    runner = EpisodeRunner(engine, env, ReplyRenderer(tokenizer, True), max_turns=3, max_episode_tokens=None,
+    runner = EpisodeRunner(engine, ReplyRenderer(tokenizer, True), max_turns=3, max_episode_tokens=None,
                            score=None, pad_token_id=EOS, host=ThreadHost(env, 0.5, 2))
     rows = [{"prompt": p, "label": "x", "metadata": {}} for p in scripts]
     start = time.monotonic()

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from relax_core.config import (RunConfig, build_config, config_fields, _field_type, param_flag, suggestion)
+from relax_core.config import RunConfig, _field_type, build_config, config_fields, param_flag, suggestion
 from relax_core.host.plugins import default_registry
 from relax_core.host.validation import resolve
 

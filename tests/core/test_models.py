@@ -6,10 +6,10 @@ import os
 import pytest
 import torch
 
-from relax_core import models
-from relax_core.models import ModelLoadError
 from relax_authoring.testing import models as tiny
+from relax_core import models
 from relax_core.host.validation import model_is_moe
+from relax_core.models import ModelLoadError
 
 
 def test_missing_paths_and_non_model_dirs(tmp_path):

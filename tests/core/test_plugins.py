@@ -3,12 +3,12 @@
 import dataclasses
 
 import pytest
-from relax_core_test_toys import BASE_CAPS, ToyParams, estimator, make_plugin
 
 from relax_core import EstimatorSpec, hookimpl
 from relax_core.config import RunConfig
 from relax_core.host.plugins import PluginError, load_registry
 from relax_core.host.validation import resolve
+from relax_core_test_toys import BASE_CAPS, ToyParams, estimator, make_plugin
 
 BROKEN = ("broken", "relax_core_test_no_such_module", "relax-broken", "0.3.1")
 
@@ -158,9 +158,8 @@ def test_unknown_component_suggests_the_closest(registry_with):
 
 
 def test_capabilities_may_depend_on_parameters(registry_with):
-    from relax_core_test_toys import ToyParams
-
     from relax_core import EstimatorCapabilities
+    from relax_core_test_toys import ToyParams
 
     spec = estimator(caps=lambda p: EstimatorCapabilities(supports_context_parallel=p.mode == "b"))
     assert spec.capabilities_for().supports_context_parallel is False
@@ -178,9 +177,9 @@ def test_installed_plugins_all_load():
 def test_every_kind_is_named_once_and_has_its_hook():
     """specs.KINDS is the one list of kinds: each has a documented hookspec and a spec type
     of that kind, and the loader, matrix, docs and scaffold read it."""
-    from relax_core import hookspecs
     from relax_authoring.docgen import KIND_DIRS
     from relax_authoring.scaffold import KINDS as SCAFFOLD_KINDS
+    from relax_core import hookspecs
     from relax_core.specs import KINDS
 
     hooks = {name for name in dir(hookspecs) if name.startswith("relax_register_")}

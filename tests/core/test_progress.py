@@ -8,8 +8,8 @@ import sys
 
 from rich.console import Console
 
-from relax_core.reporting import progress
 from relax_core.config import RunConfig
+from relax_core.reporting import progress
 from relax_core.reporting.metrics import MetricsLogger
 
 METRICS = {"rollout/raw_reward": 0.1875, "rollout/response_len/mean": 19.4, "perf/step_time": 9.3,

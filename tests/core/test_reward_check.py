@@ -14,8 +14,8 @@ from relax_core.config import RunConfig
 from relax_core.data import load_dataset
 from relax_core.host.plugins import default_registry
 from relax_core.host.reward_check import RewardWatch
-from relax_core.stages.rewarding import resolve_scorers
 from relax_core.host.validation import resolve
+from relax_core.stages.rewarding import resolve_scorers
 
 runner = CliRunner()
 CHAIN_SUM = "rg:chain_sum?size=4&seed=1&min_terms=2&max_terms=2&min_digits=1&max_digits=1"

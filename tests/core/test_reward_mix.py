@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from relax_core_test_toys import make_plugin
 from typer.testing import CliRunner
 
 from cli.main import app
@@ -15,6 +14,7 @@ from relax_core.config import RunConfig
 from relax_core.host.plugins import load_registry
 from relax_core.stages.reward_mix import combine, part_metrics, problems, step_metrics
 from relax_core.stages.rewarding import resolve_scorers, shutdown_pools
+from relax_core_test_toys import make_plugin
 
 pytestmark = pytest.mark.timeout(120)
 

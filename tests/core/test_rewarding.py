@@ -11,14 +11,21 @@ from pathlib import Path
 
 import pytest
 import rewarding_toy_scorers as toys
-from relax_core_test_toys import make_plugin
 
 from relax_core import RewardScorerSpec
 from relax_core.config import RunConfig
 from relax_core.host.plugins import load_registry
-from relax_core.stages.rewarding import (RewardSetupError, Scorer, ScoringPool, _pool_for, load_custom_scorer,
-                                  resolve_scorers, score_batch, shutdown_pools)
-
+from relax_core.stages.rewarding import (
+    RewardSetupError,
+    Scorer,
+    ScoringPool,
+    _pool_for,
+    load_custom_scorer,
+    resolve_scorers,
+    score_batch,
+    shutdown_pools,
+)
+from relax_core_test_toys import make_plugin
 
 # a bug in the pool would hang rather than fail: bound every test
 pytestmark = pytest.mark.timeout(120)

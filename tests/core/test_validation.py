@@ -4,13 +4,13 @@ every problem collected with component, distribution, capability and fix."""
 import dataclasses
 
 import pytest
-from relax_core_test_toys import BASE_CAPS, ToyParams, estimator, make_plugin
 
 from relax_core import CorrectionCapabilities, CorrectionSpec, DualClipParams, EstimatorCapabilities, param
-from relax_core.host.capabilities import CAPABILITIES
 from relax_core.config import RunConfig
-from relax_core.specs import SPEC_TYPES
+from relax_core.host.capabilities import CAPABILITIES
 from relax_core.host.validation import ValidationError, resolve, validate
+from relax_core.specs import SPEC_TYPES
+from relax_core_test_toys import BASE_CAPS, ToyParams, estimator, make_plugin
 
 TOY = ("toy", make_plugin(estimator(caps=BASE_CAPS)), "relax-toy", "1.0")
 

@@ -6,12 +6,11 @@ reads it (``ToyScale``: ``inp.toy_weight``).  Nothing in the core is touched."""
 from __future__ import annotations
 
 import torch
+from fakes import FakeEngine
 
 from relax_core import CorrectionCapabilities, CorrectionSpec, EngineCapabilities, EngineSpec, hookimpl
 from relax_core.batch import Field
 from relax_core.contracts import CorrectionOutput
-
-from fakes import FakeEngine
 
 TOY_FIELD = Field(name="toy_weight", per="token", dtype="float32", stage="rollout", pad=0.0,
                   doc="a per-token weight the toy engine attaches to every sampled token")

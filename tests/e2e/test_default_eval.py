@@ -7,12 +7,12 @@ import re
 
 from conftest import run_train
 
-from relax_core.config import DEFAULT_DATA, DEFAULT_EVAL_DATA, RunConfig
-from relax_core.run.launch import preflight
-from relax_core.reporting.metrics import read_metrics
 from cli.plot import default_metrics, load_runs
+from relax_core.config import DEFAULT_DATA, DEFAULT_EVAL_DATA, RunConfig
 from relax_core.host.plugins import default_registry
 from relax_core.host.validation import resolve
+from relax_core.reporting.metrics import read_metrics
+from relax_core.run.launch import preflight
 
 
 def test_eval_source_follows_the_default_task():

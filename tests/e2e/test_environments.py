@@ -16,10 +16,10 @@ from conftest import run_train, tiny_args
 
 from relax_core.contracts import SamplingParams
 from relax_core.environments import EPISODE_ENDS, Reply, Turn
+from relax_core.host.plugins import default_registry
+from relax_core.reporting.metrics import read_metrics
 from relax_core.stages.env_host import ThreadHost
 from relax_core.stages.episodes import EpisodeRunner, ReplyRenderer
-from relax_core.reporting.metrics import read_metrics
-from relax_core.host.plugins import default_registry
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*(3+4)"}}</tool_call>'
 PYTHON_CALL = '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>'
@@ -71,7 +71,7 @@ def test_trained_ids_are_the_sampled_ids(name, tool, engine):
     caps = reg.get("environment", name).spec.capabilities_for()
     rec = Recording(engine)
     score = (lambda texts, *rest: ([0.0] * len(texts), {})) if caps.scores_turns else None  # always wrong: retry
-    runner = EpisodeRunner(rec, env, ReplyRenderer(engine.tokenizer, True), max_turns=3 if caps.multi_turn else 1,
+    runner = EpisodeRunner(rec, ReplyRenderer(engine.tokenizer, True), max_turns=3 if caps.multi_turn else 1,
                            max_episode_tokens=None, score=score, pad_token_id=engine.pad_token_id,
                            host=ThreadHost(env, 60.0, 4))
     prompts = [engine.tokenizer(engine.tokenizer.apply_chat_template(
@@ -134,6 +134,24 @@ def test_multi_turn_environment_trains_two_steps(name, extra, tiny_model_dir, pr
         samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
         several = [r for r in samples if r.get("num_turns", 1) > 1]
         assert several and all("Your answer is not correct, try again." in r["transcript"] for r in several)
+
+
+def test_a_failing_prompt_stops_the_run_with_exit_7(tiny_model_dir, prompts_file, tmp_path, monkeypatch):
+    """An environment whose ``prompt(text)`` raises: relax train stops at its first step with
+    exit 7, the environment and the prompt named, and no traceback."""
+    if "tools" not in default_registry().names("environment"):
+        pytest.skip("environment tools not installed")
+    from relax_tools.tools import Tools
+
+    def broken(self, text):
+        raise KeyError("no tools for this row")
+
+    monkeypatch.setattr(Tools, "prompt", broken)
+    code, out = run_train(tiny_args(tiny_model_dir, prompts_file, tmp_path, "--environment", "tools",
+                                    "--no-save-hf", "--eval-data", "none"))
+    assert code == 7, out
+    assert "environment 'tools': prompt() failed on the prompt" in out and "KeyError: 'no tools for this row'" in out
+    assert "fix the environment, then start again" in out and "Traceback" not in out
 
 
 def test_process_isolation_trains_the_same_as_threads(tiny_model_dir, prompts_file, tmp_path):

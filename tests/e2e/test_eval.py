@@ -8,6 +8,7 @@ import json
 
 import pytest
 from conftest import run_train, tiny_args
+
 from relax_e2e_scorers import vowel_fraction
 
 SCORER = ["--custom-rm-path", "relax_e2e_scorers:vowel_fraction"]

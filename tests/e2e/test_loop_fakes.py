@@ -18,8 +18,8 @@ from fakes import count_sevens, make_fakes  # noqa: E402
 from relax_core.config import RunConfig  # noqa: E402
 from relax_core.data import DataCursor, load_dataset  # noqa: E402
 from relax_core.reporting.metrics import read_metrics  # noqa: E402
-from relax_core.run.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED  # noqa: E402
 from relax_core.run.components import Components  # noqa: E402
+from relax_core.run.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED  # noqa: E402
 from relax_core.trainer import OLD_LOGP_CURRENT, OLD_LOGP_RECOMPUTED, Trainer, build_trainer  # noqa: E402
 
 grpo = pytest.importorskip("relax_grpo.grpo")
@@ -332,9 +332,8 @@ def test_scorer_receives_each_samples_prompt(tmp_path):
 
 
 def test_make_score_gives_the_prompt_to_scorers_as_metadata(tmp_path):
-    from relax_e2e_scorers import prompt_length
-
     from relax_core.run.launch import make_score
+    from relax_e2e_scorers import prompt_length
 
     cfg = RunConfig(reward_timeout=30, reward_num_workers=1)
     rewards, metrics = make_score([prompt_length], cfg)(["a", "b"], [None, None], [{}, None], ["four", "sixsix"])

@@ -15,8 +15,8 @@ import pytest
 from conftest import ROOT, run_train, tiny_args
 from safetensors.torch import load_file
 
-from relax_core.run.exits import EXIT_ADAPTER_NOT_REACHED
 from relax_core.reporting.metrics import read_metrics
+from relax_core.run.exits import EXIT_ADAPTER_NOT_REACHED
 
 LORA = ("--lora-rank", "4", "--lora-alpha", "8")
 

@@ -12,15 +12,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import relax_toy_field  # noqa: E402
 from fakes import make_fakes  # noqa: E402
 from test_loop_fakes import make_trainer  # noqa: E402
 
+import relax_toy_field  # noqa: E402
 from relax_core.batch import FIELDS, Batch  # noqa: E402
 from relax_core.config import RunConfig  # noqa: E402
 from relax_core.host.plugins import load_registry  # noqa: E402
-from relax_core.run.exits import EXIT_OK  # noqa: E402
 from relax_core.host.validation import resolve  # noqa: E402
+from relax_core.run.exits import EXIT_OK  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 import relax_toy_estimator  # noqa: E402
-
 from relax_core.config import build_config  # noqa: E402
 from relax_core.contracts import CorrectionInput, PolicyLossInput  # noqa: E402
 from relax_core.host.plugins import load_registry  # noqa: E402

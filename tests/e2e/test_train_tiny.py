@@ -5,15 +5,15 @@ loads; the final model loads with transformers."""
 from __future__ import annotations
 
 import json
-import re
 import math
+import re
 
 import pytest
 from conftest import ROOT, run_train, tiny_args
 from train_helpers import ESTIMATORS
 
-from relax_core.reporting.metrics import read_metrics
 from relax_core.host.plugins import default_registry
+from relax_core.reporting.metrics import read_metrics
 
 
 @pytest.mark.parametrize("name", ESTIMATORS)

@@ -9,8 +9,8 @@ import errno
 import pytest
 from fault_helpers import assert_same_metrics, run_train, tiny_args
 
-from relax_core.run import checkpoint as ckpt
 from relax_core.reporting.metrics import read_metrics
+from relax_core.run import checkpoint as ckpt
 
 
 @pytest.mark.slow

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from fault_helpers import assert_same_metrics, relax_subprocess, tiny_args
 
-from relax_core.run import checkpoint as ckpt
 from relax_core.reporting.metrics import read_metrics
+from relax_core.run import checkpoint as ckpt
 
 STEPS = 4
 SCORER = ("--custom-rm-path", "fault_scorers:ctrl_c", "--num-rollout", str(STEPS))

@@ -11,9 +11,9 @@ import pytest
 from fault_helpers import run_train, tiny_args
 
 import relax_core.run.launch as launch_mod
-from relax_core.run import checkpoint as ckpt
 from relax_core.config import build_config, config_to_dict, parse_cli
 from relax_core.host.plugins import default_registry
+from relax_core.run import checkpoint as ckpt
 
 
 class _Backend:

@@ -12,8 +12,8 @@ import pytest
 from fault_helpers import run_train, tiny_args
 from fault_scorers import vowel_fraction
 
-from relax_core.stages import rewarding
 from relax_core.reporting.metrics import read_metrics
+from relax_core.stages import rewarding
 
 
 @pytest.mark.parametrize("scorer, counted", [

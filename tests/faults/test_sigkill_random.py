@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from fault_helpers import FAULTS, ROOT, assert_same_metrics, tiny_args
 
-from relax_core.run import checkpoint as ckpt
 from relax_core.data import DataCursor
 from relax_core.reporting.metrics import read_metrics
+from relax_core.run import checkpoint as ckpt
 from relax_core.trainer import TRAINED_LOG
 
 STEPS = 10
@@ -102,8 +102,8 @@ def _kill_and_resume(args_for, out: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "interval2"])
 def test_sigkill_at_ten_points_then_resume_equals_uninterrupted_run(mode, tiny_model_dir, prompts_file, tmp_path):
-    from safetensors.torch import load_file
     import torch
+    from safetensors.torch import load_file
 
     _finish(_args(tiny_model_dir, prompts_file, tmp_path / "ref", mode))
     out = tmp_path / "killed"

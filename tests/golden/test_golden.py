@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 import golden
+import pytest
 
 FAST = {"grpo", "tis"}
 

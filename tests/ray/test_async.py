@@ -4,9 +4,9 @@ model): bounded staleness holds, and `--max-staleness 0` reproduces the synchron
 from __future__ import annotations
 
 import pytest
-from relax_ray_helpers import ray_args, run_train, trained
 
 from relax_core.reporting.metrics import read_metrics
+from relax_ray_helpers import ray_args, run_train, trained
 
 STEPS = [1, 2, 3, 4]
 

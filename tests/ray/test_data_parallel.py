@@ -10,15 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax_core.config import build_config, config_to_dict, load_yaml
 from relax_core.batch import Batch
+from relax_core.config import build_config, config_to_dict, load_yaml
 from relax_core.contracts import AdvantageInput
 from relax_core.distributed.proxies import RayBackend, split_even
 from relax_core.distributed.runtime import start_train_group
 from relax_core.distributed.workers import build_component, loss_recipe
+from relax_core.host.plugins import default_registry
 from relax_core.stages.loss import ActorLoss, CriticLoss, LossSettings, global_denominators
 from relax_core.stages.optimizer import OptimizerSettings, optimizer_step
-from relax_core.host.plugins import default_registry
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 ESTIMATORS = ("grpo", "rloo", "ppo", "reinforce_plus_plus")

@@ -9,13 +9,13 @@ import time
 from collections import Counter
 
 import pytest
-from relax_ray_helpers import ray_args, run_train, trained
 
 import relax_core.distributed.runtime as runtime_mod
 from relax_core.data import DataCursor
-from relax_core.run.exits import EXIT_WORKER_DIED
 from relax_core.distributed.proxies import RayEngine
 from relax_core.reporting.metrics import read_metrics
+from relax_core.run.exits import EXIT_WORKER_DIED
+from relax_ray_helpers import ray_args, run_train, trained
 
 
 def expected_prompts(steps: int, per_step: int, rows: int = 8, seed: int = 3) -> list[list[int]]:

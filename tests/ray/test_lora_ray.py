@@ -5,10 +5,10 @@ passes the adapter-reached-the-engine check, and the run's metrics are the local
 from __future__ import annotations
 
 import pytest
-from relax_ray_helpers import ray_args, run_train
-
 import train_helpers
+
 from relax_core.reporting.metrics import read_metrics
+from relax_ray_helpers import ray_args, run_train
 
 LORA = ("--lora-rank", "4", "--lora-alpha", "8", "--num-rollout", "2")
 KEYS = ("rollout/reward", "rollout/response_len/mean", "train/loss", "train/grad_norm")

@@ -10,9 +10,9 @@ import importlib.util
 import math
 
 import pytest
-from relax_ray_helpers import ray_args, run_train, trained
 
 from relax_core.reporting.metrics import read_metrics
+from relax_ray_helpers import ray_args, run_train, trained
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
                                 reason="megatron-core not installed (pip install -e 'plugins/backends/megatron[backend]')")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from relax_ray_helpers import ray_args, run_train, trained
 
 from relax_core.reporting.metrics import read_metrics
+from relax_ray_helpers import ray_args, run_train, trained
 
 
 @pytest.mark.slow

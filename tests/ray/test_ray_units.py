@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from relax_core.config import build_config, config_to_dict
-from relax_core.stages.rollout import staleness_metrics
 from relax_core.distributed.proxies import chunk_seed, data_parallel_layout, split_even
 from relax_core.distributed.workers import config_from_dict, loss_recipe
 from relax_core.host.plugins import default_registry
+from relax_core.stages.rollout import staleness_metrics
 
 
 @pytest.mark.parametrize("n,parts", [(8, 2), (7, 3), (2, 4), (0, 2)])

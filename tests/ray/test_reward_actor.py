@@ -7,11 +7,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from relax_ray_helpers import run_train
 
 from relax_core.config import RunConfig
 from relax_core.reporting.metrics import read_metrics
 from relax_core.stages.rewarding import RewardSetupError, Scorer, score_batch
+from relax_ray_helpers import run_train
 
 pytest.importorskip("relax_reward_model")
 from relax_reward_model.plugin import RewardModelParams, relax_register_reward_scorers  # noqa: E402

@@ -43,8 +43,16 @@ from relax_core.batch import Batch
 from relax_core.contracts import ForwardOutput, Gradients
 from relax_core.stages.optimizer import step_torch_optimizer
 from relax_megatron import convert
-from relax_megatron.parallel import (allreduce_grads, allreduce_tied_embedding_grads, broadcast_from_last_stage,
-                                     cp_positions, group_sum, local_index, padded_length, run_pipeline)
+from relax_megatron.parallel import (
+    allreduce_grads,
+    allreduce_tied_embedding_grads,
+    broadcast_from_last_stage,
+    cp_positions,
+    group_sum,
+    local_index,
+    padded_length,
+    run_pipeline,
+)
 from relax_megatron.shim import install_cpu_shim, seed_tracker
 
 CP_NEEDS = ("--context-parallel-size > 1 needs CUDA and Transformer Engine: megatron-core 0.16.1 supports context "

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 import torch
-
 from mp_workers import TEMPERATURE, ToyLoss, tiny_batch, tiny_hf, train_step
 
 

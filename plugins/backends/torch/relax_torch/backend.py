@@ -62,9 +62,9 @@ from relax_core.batch import Batch
 from relax_core.contracts import ForwardOutput, Gradients
 from relax_core.models import load_model, load_state_dict_, load_tokenizer
 from relax_core.stages.optimizer import step_torch_optimizer
+from relax_torch.layout import EXACT_ATTENTION, build_layout, group_of, layout_positions
 from relax_torch.logprobs import token_log_probs
 from relax_torch.lora import adapter_state_dict, add_adapter, load_adapter_state_dict_, merged_state_dict
-from relax_torch.layout import EXACT_ATTENTION, build_layout, group_of, layout_positions
 
 ROLES = ("actor", "ref", "critic", "teacher")
 

@@ -2,8 +2,8 @@
 
 import torch
 
-from relax_core.config import RunConfig
 from relax_core.batch import Batch
+from relax_core.config import RunConfig
 from relax_core.stages.optimizer import OptimizerSettings, optimizer_step
 from relax_torch.backend import TorchBackend
 from relax_torch.plugin import TorchBackendParams

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from relax_torch_test_helpers import PGLoss, make_backend, make_batch, reference_outputs, train_step
 from relax_core.batch import Batch
 from relax_torch.logprobs import token_log_probs
+from relax_torch_test_helpers import PGLoss, make_backend, make_batch, reference_outputs, train_step
 
 
 def grads(model):
@@ -490,8 +490,8 @@ def test_cuda_bf16_loss_path_close_to_fp32(tiny_bytes_model_dir):
     on CUDA under ``--bf16``: loss and gradient norm within 2 % of the float32 step on the
     same batch, finite, weights kept float32 and moved by the step."""
     from relax_core.config import RunConfig
-    from relax_core.stages.loss import ActorLoss, LossSettings, global_denominators
     from relax_core.host.plugins import default_registry
+    from relax_core.stages.loss import ActorLoss, LossSettings, global_denominators
 
     spec = default_registry().get("estimator", "grpo").spec
     params = spec.default_params()

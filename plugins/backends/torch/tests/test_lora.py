@@ -7,10 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from relax_torch_test_helpers import PGLoss, make_backend, make_batch, train_step
-from relax_core.models import load_model, load_state_dict_
 from relax_core.config import RunConfig
+from relax_core.models import load_model, load_state_dict_
 from relax_torch.lora import add_adapter, merged_state_dict
+from relax_torch_test_helpers import PGLoss, make_backend, make_batch, train_step
 
 RANK, ALPHA = 4, 8.0
 DENSE = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}

@@ -16,15 +16,15 @@ import dataclasses
 import pytest
 import torch
 
-from relax_torch_test_helpers import PGLoss
 from relax_core.batch import Batch
 from relax_core.config import RunConfig
 from relax_core.contracts import AdvantageInput
-from relax_core.stages.loss import ActorLoss, LossSettings, global_denominators
 from relax_core.host.plugins import default_registry
+from relax_core.stages.loss import ActorLoss, LossSettings, global_denominators
 from relax_torch.backend import TorchBackend
-from relax_torch.plugin import TorchBackendParams
 from relax_torch.layout import build_layout
+from relax_torch.plugin import TorchBackendParams
+from relax_torch_test_helpers import PGLoss
 
 TOL = dict(atol=1e-10, rtol=1e-10)  # float64: the two layouts differ only in summation order
 

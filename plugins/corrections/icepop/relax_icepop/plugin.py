@@ -5,7 +5,6 @@ from dataclasses import dataclass
 from relax_core import BEHAVIOUR_NUMERATORS, CorrectionCapabilities, CorrectionSpec, hookimpl, param
 
 
-
 @dataclass(frozen=True)
 class IcePopParams:
     clip_low: float = param(0.5, "Lower edge L of the kept band L <= ρ <= U (shared flag with tis, whose default is 0).",

@@ -142,8 +142,8 @@ def test_every_reward_weight_zero_is_pure_distillation_only_with_the_term():
 
 
 def test_tokenizer_difference_names_it():
-    from relax_core.models import tokenizer_difference
     from relax_authoring.testing.models import byte_tokenizer
+    from relax_core.models import tokenizer_difference
 
     a, b = byte_tokenizer(), byte_tokenizer()
     assert tokenizer_difference(a, b) is None

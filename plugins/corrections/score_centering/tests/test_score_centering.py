@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from relax_core.contracts import CorrectionInput
-from relax_tis.importance import band_weight, truncated_weight
-from relax_score_centering.score_centering import ScoreCentering, build, head_residual
 from relax_score_centering.plugin import ScoreCenteringParams
+from relax_score_centering.score_centering import ScoreCentering, build, head_residual
+from relax_tis.importance import band_weight, truncated_weight
 
 TIS_RULE = lambda r: truncated_weight(r, 0.0, 2.0)  # noqa: E731
 MIS_RULE = lambda r: band_weight(r, 0.5, 5.0)  # noqa: E731
@@ -261,9 +261,8 @@ def test_valid_reinforce_setups():
 
 
 def test_contract():
-    from relax_score_centering.plugin import relax_register_corrections
-
     from relax_authoring.testing import check_contract
+    from relax_score_centering.plugin import relax_register_corrections
 
     check_contract(relax_register_corrections()[0])
 

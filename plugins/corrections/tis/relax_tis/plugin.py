@@ -5,7 +5,6 @@ from dataclasses import dataclass
 from relax_core import BEHAVIOUR_NUMERATORS, CorrectionCapabilities, CorrectionSpec, hookimpl, param
 
 
-
 @dataclass(frozen=True)
 class TISParams:
     clip_low: float = param(0.0, "Lower bound L of the TIS weight clip(ρ, L, U) (shared with icepop, whose default is 0.5).",

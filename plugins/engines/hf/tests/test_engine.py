@@ -176,8 +176,8 @@ def test_stop_strings(engine, prompts):
 
 
 def test_update_weights_changes_outputs(tiny_model_dir, tmp_path, prompts):
-    from relax_core.models import load_model
     from relax_authoring.testing.models import make_tiny_model
+    from relax_core.models import load_model
 
     eng = HFEngine(str(tiny_model_dir), seed=0)
     s = SamplingParams(max_new_tokens=6, seed=1)

@@ -161,7 +161,7 @@ def test_multi_turn_trained_ids_are_the_sampled_ids(engine, tiny_dir):
 
     tok = engine.tokenizer
     env = Retry(3, 1.0, 1.0, "Wrong, try again.")
-    runner = EpisodeRunner(Recording(), env, ReplyRenderer(tok, True),
+    runner = EpisodeRunner(Recording(), ReplyRenderer(tok, True),
                            max_turns=3, max_episode_tokens=None, score=lambda texts, *rest: ([0.0] * len(texts), {}),
                            pad_token_id=tok.pad_token_id, host=ThreadHost(env, 60.0, 4))
     prompts = [tok(tok.apply_chat_template([{"role": "user", "content": f"What is {i} + 1?"}], tokenize=False,

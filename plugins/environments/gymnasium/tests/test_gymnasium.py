@@ -3,7 +3,6 @@ contract, rewards, the end), the startup refusals, the contract kit, and episode
 model on the hf engine through the host's episode runner (token bookkeeping with real
 observations)."""
 
-import pytest
 import torch
 
 from relax_core.contracts import SamplingParams
@@ -114,7 +113,7 @@ def test_tiny_model_plays_a_few_steps(tiny_model_dir):
     engine = HFEngine(str(tiny_model_dir), seed=0)
     env = _spec().build()
     mover = Mover(env)
-    runner = EpisodeRunner(engine, mover, ReplyRenderer(engine.tokenizer, True), max_turns=4,
+    runner = EpisodeRunner(engine, ReplyRenderer(engine.tokenizer, True), max_turns=4,
                            max_episode_tokens=None, score=None, pad_token_id=engine.pad_token_id,
                            host=ThreadHost(mover, 60.0, 4))
     text = env.prompt("Cross the lake.")

@@ -28,7 +28,8 @@ from typing import Any, Callable
 
 from relax_core.environments import Reply, Turn
 from relax_tools import sandbox
-from relax_tools.calculator import SCHEMA as CALCULATOR_SCHEMA, calculator
+from relax_tools.calculator import SCHEMA as CALCULATOR_SCHEMA
+from relax_tools.calculator import calculator
 
 CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 

@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+from relax_authoring.testing import check_contract
+from relax_authoring.testing.training import train_tiny
 from relax_core.batch import Batch
 from relax_core.config import build_config
 from relax_core.contracts import AdvantageInput
@@ -14,8 +16,6 @@ from relax_core.host.plugins import default_registry
 from relax_core.host.validation import resolve
 from relax_core.numerics import group_advantages
 from relax_core.stages.rollout import replay_path
-from relax_authoring.testing import check_contract
-from relax_authoring.testing.training import train_tiny
 from relax_gdpo.gdpo import gdpo_advantages
 
 NAN = float("nan")

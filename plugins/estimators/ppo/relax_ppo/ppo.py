@@ -33,8 +33,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from relax_core.contracts import (AdvantageInput, AdvantageOutput, CriticSettings, PolicyLossInput,
-                                  PolicyLossOutput, ValueLossInput)
+from relax_core.contracts import (
+    AdvantageInput,
+    AdvantageOutput,
+    CriticSettings,
+    PolicyLossInput,
+    PolicyLossOutput,
+    ValueLossInput,
+)
 from relax_core.numerics import discounted_cumsum, last_valid_index, masked_fill_zero
 from relax_core.policy import ppo_clip_loss
 

@@ -30,8 +30,14 @@ import torch
 from torch import Tensor
 
 from relax_core.contracts import AdvantageInput, AdvantageOutput, PolicyLossInput, PolicyLossOutput
-from relax_core.numerics import (discounted_cumsum, kl_estimate, last_valid_index, masked_fill_zero, masked_mean,
-                                 masked_normalize)
+from relax_core.numerics import (
+    discounted_cumsum,
+    kl_estimate,
+    last_valid_index,
+    masked_fill_zero,
+    masked_mean,
+    masked_normalize,
+)
 from relax_core.policy import ppo_clip_loss
 
 

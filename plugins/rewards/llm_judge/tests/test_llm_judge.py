@@ -8,9 +8,9 @@ import types
 
 import pytest
 
+from relax_authoring.testing import check_contract
 from relax_core import EngineCapabilities, EngineSpec, hookimpl
 from relax_core.config import RunConfig
-from relax_authoring.testing import check_contract
 from relax_llm_judge.plugin import LLMJudgeParams, parse_verdicts, relax_register_reward_scorers
 from relax_llm_judge.scorer import LLMJudge
 

@@ -42,8 +42,17 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from relax_core.answers import (answer_line, answer_tag, gsm8k_final, integer_value, last_boxed, last_number,
-                                numbers_equal, parse_number, strip_math)
+from relax_core.answers import (
+    answer_line,
+    answer_tag,
+    gsm8k_final,
+    integer_value,
+    last_boxed,
+    last_number,
+    numbers_equal,
+    parse_number,
+    strip_math,
+)
 
 
 def _not_timeout_notice(record: logging.LogRecord) -> bool:

@@ -143,8 +143,8 @@ def test_registration():
 
 
 def test_contract():
-    from relax_core.config import RunConfig
     from relax_authoring.testing import check_contract
+    from relax_core.config import RunConfig
 
     (spec,) = relax_register_reward_scorers()
     with _Server([(200, {"reward": 0.0}, 0)]) as srv:

@@ -8,10 +8,22 @@ import torch
 from relax_core.config import RunConfig
 from relax_core.contracts import RewardBatch
 from relax_core.stages.rewarding import apply_processors
-from relax_reward_shaping.plugin import (ClipParams, FormatParams, LengthPenaltyParams, OverlongParams,
-                                         ZeroVarianceParams, relax_register_reward_processors)
-from relax_reward_shaping.processors import (Clip, FormatReward, LengthPenalty, OverlongPenalty,
-                                             ZeroVarianceFilter, build_overlong)
+from relax_reward_shaping.plugin import (
+    ClipParams,
+    FormatParams,
+    LengthPenaltyParams,
+    OverlongParams,
+    ZeroVarianceParams,
+    relax_register_reward_processors,
+)
+from relax_reward_shaping.processors import (
+    Clip,
+    FormatReward,
+    LengthPenalty,
+    OverlongPenalty,
+    ZeroVarianceFilter,
+    build_overlong,
+)
 
 NAN = float("nan")
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
+from relax_authoring.testing import check_contract
 from relax_core.data import DataError
 from relax_core.sampling import PromptResults
-from relax_authoring.testing import check_contract
 from relax_difficulty.plugin import DifficultyParams, relax_register_samplers
 
 SPEC = relax_register_samplers()[0]
