@@ -139,7 +139,7 @@ class RunConfig:
     rollout_stop: tuple[str, ...] = opt((), "Stop string (repeatable).", repeat=True, group="rollout")
     max_turns: int = opt(4, "Most model turns per episode (multi-turn environments; each turn at most --rollout-max-response-len tokens).", ge=1, group="rollout")
     max_episode_tokens: int | None = opt(None, "Most tokens per episode after the prompt, model and environment tokens together (default: no limit beyond --max-turns).", ge=1, group="rollout")
-    env_timeout: float = opt(60.0, "Seconds one environment call (an episode's start or one step) may take; past them the episode ends, counted in rollout/env_timeouts and unscored (no task advantage).", gt=0, group="rollout")
+    env_timeout: float = opt(60.0, "Seconds one environment call (an episode's start or one step, or the environment's prompt for a row) may take; past them the episode ends, counted in rollout/env_timeouts and unscored (no task advantage); a prompt past them stops the run (exit 7).", gt=0, group="rollout")
     env_num_workers: int = opt(4, "Environment calls run at once (threads or worker processes, --env-isolation), each under --env-timeout; 1 = one at a time, in order.", ge=1, group="rollout")
     env_isolation: str = opt("thread", "Where environment calls run: thread (in the rollout process; a hung call is abandoned, a crash ends the run) or process (spawned workers: a hung call's worker is killed, a crashed one replaced; rows, turns and replies must pickle).", choices=("thread", "process"), group="rollout")
 

@@ -353,8 +353,3 @@ def load_state_dict_(module: Any, state_dict: Any) -> None:
                 raise ValueError(f"{name}: shape {tuple(value.shape)} != model's {tuple(dst.shape)}")
             dst.copy_(value)
 
-
-#: The architecture of Qwen3-0.6B (Qwen/Qwen3-0.6B's ``config.json`` on the Hugging Face hub,
-#: https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json): 28 layers, hidden 1024,
-#: 16 query / 8 key-value heads of 128, MLP 3072, vocabulary 151936, tied embeddings; about
-#: 0.6 B parameters (0.44 B without the embedding).  For ``make_tiny_model(config=...)``:

@@ -10,6 +10,10 @@ from typing import Any
 
 from relax_core.models import ensure_default_model
 
+#: The architecture of Qwen3-0.6B (Qwen/Qwen3-0.6B's ``config.json`` on the Hugging Face hub,
+#: https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json): 28 layers, hidden 1024,
+#: 16 query / 8 key-value heads of 128, MLP 3072, vocabulary 151936, tied embeddings; about
+#: 0.6 B parameters (0.44 B without the embedding).  For ``make_tiny_model(config=...)``:
 #: a random model of the real shape, for speed and memory measurements (weights do not
 #: change them).
 QWEN3_0_6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,

@@ -1,3 +1,3 @@
 """What a run writes and shows: metric sinks and the run directory (``metrics``), the
-terminal line (``progress``), the end-of-run summary (``summary``) and ``relax plot``
-(``plotting``)."""
+terminal line (``progress``) and the end-of-run summary (``summary``); ``relax plot`` is
+:mod:`cli.plot`."""

@@ -3,9 +3,7 @@
 Order matters for the user: everything that can be checked without a model (data files,
 label keys, empty datasets, the reward scorer, the run directory, a resumed checkpoint's
 data fingerprint) is checked first (:func:`preflight`, also run by ``--dry-run``), so a
-mistake costs seconds, not a model load.  Exit codes: 0 done, 2 bad input, 3 stopped after
-too many non-finite steps, 5 a checkpoint could not be written, 130 interrupted (first
-Ctrl-C: checkpoint saved; second Ctrl-C: aborted, the last complete checkpoint intact).
+mistake costs seconds, not a model load.  Exit codes: :mod:`relax_core.run.exits`.
 """
 
 from __future__ import annotations

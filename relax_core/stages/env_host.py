@@ -2,7 +2,7 @@
 worker processes that can be killed.
 
 The episode runner (:mod:`relax_core.stages.episodes`) makes every call into an environment
-(``start(row)``, ``episode.step(turn)``) through a host, ``--env-num-workers`` calls at once,
+(``prompt(text)``, ``start(row)``, ``episode.step(turn)``) through a host, ``--env-num-workers`` calls at once,
 each under ``--env-timeout`` seconds; a call that raises (or returns something other than a
 :class:`~relax_core.environments.Reply`) gives ``(ENV_ERROR, text)``, one past its timeout
 ``(ENV_TIMEOUT, text)``, and the runner ends that episode:

@@ -25,15 +25,15 @@ the text that closes a model turn (``<|im_end|>\\n`` in ChatML), minus the part 
 model sampled itself (its EOS), then the reply messages and the next generation prompt.
 Tokenisers without a template use the fallback ``"\\n<role>: <content>" … "\\nassistant: "``.
 
-Faults.  Every call into the environment (``start(row)``, ``step(turn)``) runs through a
-host (:mod:`relax_core.stages.env_host`, ``--env-isolation``: threads, or worker processes
+Faults.  Every call into the environment (``prompt(text)``, ``start(row)``, ``step(turn)``)
+runs through a host (:mod:`relax_core.stages.env_host`, ``--env-isolation``: threads, or worker processes
 that can be killed), ``--env-num-workers`` at a time, each under ``--env-timeout`` seconds.
 A call that raises ends its episode as ``env_error``, one past its timeout as
 ``env_timeout`` (counted in ``rollout/env_errors`` / ``rollout/env_timeouts``; replaced
 worker processes in ``rollout/env_restarts``); the episode keeps the tokens it has, gets no
 reward (NaN, not scored: an unscored sample, advantage 0) and the other episodes go on.  An
 episode whose ``start`` failed still takes its first model turn (the prompt is already
-batched) and then ends.  Tools that run untrusted code isolate it themselves (the
+batched) and then ends.  A failed ``prompt`` stops the run (:class:`EnvironmentPromptError`).  Tools that run untrusted code isolate it themselves (the
 ``python`` tool's sandbox).
 
 The loop over episodes is Python (one ``step`` per episode and turn); tokens move as
