@@ -23,9 +23,11 @@ HERE = Path(__file__).resolve().parent
 
 
 def _cpu_kinds() -> list[str]:
-    """The names of this CPU's kind, most specific first: ``<vendor_id>-<cpu family>`` (e.g.
-    ``AuthenticAMD-26``, AMD Zen 5) and ``<vendor_id>`` (``GenuineIntel``, ``AuthenticAMD``)
-    from /proc/cpuinfo; ``[]`` when it cannot be read."""
+    """The names of this CPU's kind, most specific first: ``<vendor_id>-<cpu family>-<model>``
+    (e.g. ``AuthenticAMD-25-17``, AMD Zen 4 "Genoa"; family 25 also holds Zen 3, whose
+    kernels round differently), ``<vendor_id>-<cpu family>`` (``AuthenticAMD-26``, Zen 5) and
+    ``<vendor_id>`` (``GenuineIntel``, ``AuthenticAMD``) from /proc/cpuinfo; ``[]`` when it
+    cannot be read."""
     info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -33,11 +35,16 @@ def _cpu_kinds() -> list[str]:
             info.setdefault(key.strip(), value.strip())
     except OSError:
         return []
-    vendor, family = info.get("vendor_id"), info.get("cpu family")
-    return [f"{vendor}-{family}", vendor] if vendor and family else [vendor] if vendor else []
+    vendor, family, model = info.get("vendor_id"), info.get("cpu family"), info.get("model")
+    if not vendor:
+        return []
+    if not family:
+        return [vendor]
+    return [*([f"{vendor}-{family}-{model}"] if model else []), f"{vendor}-{family}", vendor]
 
 
-#: the recorded runs: ``data/<vendor>-<family>/`` or ``data/<vendor>/``, the first recorded on
+#: the recorded runs: ``data/<vendor>-<family>-<model>/``, ``data/<vendor>-<family>/`` or
+#: ``data/<vendor>/``, the first recorded on
 #: this kind of CPU (another vendor's or generation's kernels round differently, and the
 #: sampled tokens of the tiny random model then diverge: two AMD EPYC generations do), else
 #: ``data/`` (recorded before the core redesign, on the first development machine)
