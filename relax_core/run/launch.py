@@ -302,6 +302,11 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     t0 = time.monotonic()
     display = progress.start(cfg)
     run_dir, trainer = None, None
+
+    def last_checkpoint() -> Any:
+        """The newest complete checkpoint of the run, once its directory is known."""
+        return ckpt.latest_checkpoint(checkpoint_dir(cfg, run_dir)) if run_dir else None
+
     try:
         display.phase("checking the data and the scorer")
         checked = preflight(cfg, resolved, reg)
@@ -320,12 +325,12 @@ def launch(cfg: Any, resolved: Any, reg: Any) -> int:
         print(f"relax: error: {e}; free space or fix the directory, then continue with --resume", file=sys.stderr)
         return EXIT_CHECKPOINT_FAILED
     except EnvironmentPromptError as e:
-        last = ckpt.latest_checkpoint(checkpoint_dir(cfg, run_dir)) if run_dir else None
+        last = last_checkpoint()
         print(f"relax: error: {e}; fix the environment, then " + (f"continue from {last} with --resume" if last else
                                                                    "start again"), file=sys.stderr)
         return EXIT_ENVIRONMENT_FAILED
     except KeyboardInterrupt:
-        last = ckpt.latest_checkpoint(checkpoint_dir(cfg, run_dir)) if run_dir else None
+        last = last_checkpoint()
         print("relax: aborted by Ctrl-C; " + (f"the last complete checkpoint is {last} (continue with --resume)"
                                               if last else "no checkpoint was written"), file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED

@@ -111,7 +111,11 @@ class ThreadHost:
         self.environment, self.timeout, self.workers = environment, timeout, workers
 
     def prompts(self, texts: list[str]) -> list[Result]:
-        """The prompt the environment wants for each text (``prompt_of``); a value is a ``str``."""
+        """The prompt the environment wants for each text (``prompt_of``); a value is a ``str``.
+        An environment without ``prompt`` (``single_turn``) has nothing to call: the texts
+        come back as they are, without a thread."""
+        if getattr(self.environment, "prompt", None) is None:
+            return [(None, x) for x in texts]
         return call_all([lambda x=x: prompt_of(self.environment, x) for x in texts], self.timeout, self.workers)
 
     def start(self, rows: list[dict]) -> list[Result]:

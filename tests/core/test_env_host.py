@@ -14,7 +14,7 @@ from test_episodes import EOS, ScriptedEngine
 
 from relax_core.config import RunConfig
 from relax_core.contracts import SamplingParams
-from relax_core.environments import EPISODE_ENDS, Reply, Turn
+from relax_core.environments import EPISODE_ENDS, Reply, SingleTurn, Turn
 from relax_core.stages.env_host import ENV_ERROR, ENV_TIMEOUT, ProcessHost, ThreadHost
 
 FACTORY = "env_host_toys:build"
@@ -193,6 +193,7 @@ def test_prompts_are_computed_where_the_environment_calls_run(host):
     assert [v.split()[0] for _, v in results] == ["a", "b", "c"]
     assert os.getpid() not in pids and pids[0] == pids[2] != pids[1]
     assert ThreadHost(Counting(), 1.5, 2).prompts(["a"]) == [(None, f"a {os.getpid()}")]
+    assert ThreadHost(SingleTurn(), 1.5, 2).prompts(["a", "b"]) == [(None, "a"), (None, "b")]  # no prompt()
     (f1, _), (f2, text), (f3, _) = host.prompts(["prompt-hang", "ok", "prompt-raise"])
     assert (f1, f2, f3) == (ENV_TIMEOUT, None, ENV_ERROR) and text.startswith("ok ")
 
