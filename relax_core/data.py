@@ -4,20 +4,22 @@ Sources (``--data`` / ``--eval-data``):
 
 - ``<scheme>:<spec>`` for a registered data source (e.g. ``rg:basic_arithmetic?size=500``
   from the reasoning-gym reward plugin); its factory returns the rows.
-- ``gsm8k:<path>``: a GSM8K file (``question`` / ``answer … #### N``).
+- ``<scheme>:<path>`` for a registered file format (e.g. ``gsm8k:`` from relax-math): the
+  records of the file, converted to rows by the format's plugin.
 - a file: ``.jsonl`` (parsed line by line so a bad line is named), ``.json`` or ``.parquet``
   (read with ``datasets``).  Fields: ``--prompt-key``, ``--label-key``, ``--metadata-key``.
-  A file whose rows have ``question`` and ``answer`` but not the prompt/label keys is read
-  as GSM8K.
+  A file whose records lack both keys but have all the keys a file format declares
+  (``DataSourceSpec.file_keys``: ``question`` and ``answer`` for GSM8K) is read by it.
 
 Every row becomes ``{"prompt": str, "label": Any, "metadata": dict}``, where ``prompt`` is
 the user turn as the model gets it: the source's prompt plus ``--prompt-suffix`` when given,
 else plus the instruction the data source declares for that row (a source row may carry a
 ``"prompt_suffix"``: the ``rg:`` source asks numeric tasks for "Give only the final number.");
-file and GSM8K prompts are sent unchanged.  Under ``--reward auto`` a file row whose
-metadata names no scorer and whose label is a plain number is scored on its final number
-(the ``gsm8k`` scorer: last boxed answer, else last number), so that an answer written
-naturally ("4 + 9 = 13") scores; any other label gets the ``math`` scorer.  Problems are found
+file prompts are sent unchanged.  Under ``--reward auto`` a file row whose metadata names no
+scorer is scored by the first scorer (by name) whose ``RewardScorerSpec.auto_labels`` accepts
+its label (relax-math's ``gsm8k`` takes a plain number: the last boxed answer, else the last
+number, so that an answer written naturally, "4 + 9 = 13", scores); any other label gets the
+default scorer (``math``).  Problems are found
 here, before any model loads: a malformed row raises :class:`DataError` naming the file
 and line (or, with ``--skip-bad-rows``, is skipped and counted), and so do a label key that
 is absent from the data and an empty dataset.
@@ -40,10 +42,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from relax_core.answers import parse_number
 from relax_core.sampling import Sampler
-
-GSM8K_SCHEME = "gsm8k"
 
 
 class DataError(ValueError):
@@ -55,10 +54,10 @@ class DataRef:
     """A ``--data`` / ``--eval-data`` value, parsed (:func:`parse_data`).
 
     Attributes:
-        kind: ``source`` (a registered data source), ``gsm8k`` (a GSM8K file), ``file``, or
+        kind: ``source`` (a registered data source or file format), ``file``, or
             ``unknown`` (``scheme:`` of no registered source).
         scheme: the part before the first ``:`` (``""`` for a file).
-        target: what follows ``scheme:`` (a source's spec, a GSM8K path), or the file path.
+        target: what follows ``scheme:`` (a source's spec, a file format's path), or the file path.
     """
 
     kind: str
@@ -85,8 +84,7 @@ def parse_data(value: str, schemes: Any) -> DataRef:
     scheme, sep, rest = value.partition(":")
     if not (sep and "/" not in scheme and len(scheme) > 1 and not Path(value).expanduser().exists()):
         return DataRef("file", "", value)
-    kind = "gsm8k" if scheme == GSM8K_SCHEME else "source" if scheme in schemes else "unknown"
-    return DataRef(kind, scheme, rest)
+    return DataRef("source" if scheme in schemes else "unknown", scheme, rest)
 
 
 @dataclass
@@ -108,24 +106,6 @@ class Dataset:
 
 
 # --------------------------------------------------------------------------- loading
-
-
-def gsm8k_label(answer: str) -> str:
-    """The final number of a GSM8K answer (``… #### 1,234`` → ``"1234"``).
-
-    Raises:
-        ValueError: no ``####`` marker in ``answer``.
-    """
-    if "####" not in answer:
-        raise ValueError("GSM8K answer has no '#### <number>' line")
-    return answer.rsplit("####", 1)[1].strip().replace(",", "")
-
-
-def _row_from_gsm8k(raw: dict) -> dict:
-    q, a = raw.get("question"), raw.get("answer")
-    if not isinstance(q, str) or not isinstance(a, str):
-        raise ValueError("GSM8K row needs string 'question' and 'answer'")
-    return {"prompt": q, "label": gsm8k_label(a), "metadata": {"source": "gsm8k", "scorer": "gsm8k"}}
 
 
 def _row_from_keys(raw: dict, prompt_key: str, label_key: str, metadata_key: str | None) -> dict:
@@ -176,14 +156,40 @@ def _records(path: Path) -> list[tuple[str, Any]]:
     raise DataError(f"{path}: unknown data format '{suffix}' (use .jsonl, .json or .parquet, or rg:<dataset>)")
 
 
-def _from_file(path: Path, cfg: Any, gsm8k: bool) -> Dataset:
+def _file_format(first: Any, cfg: Any, sources: dict[str, Any]) -> Any:
+    """The file format that reads a bare file whose first record is ``first``: the first
+    (by scheme) whose ``file_keys`` it has, when it has neither the prompt nor the label key."""
+    if not isinstance(first, dict) or cfg.prompt_key in first or cfg.label_key in first:
+        return None
+    return next((r for _, r in sorted(sources.items()) if r.spec.file_keys and set(r.spec.file_keys) <= set(first)),
+                None)
+
+
+def _build(reg: Any, source: str, cfg: Any) -> Any:
+    try:
+        return reg.spec.build(cfg.params_for(reg.spec.name), cfg)
+    except Exception as e:  # a broken plugin: name it rather than a traceback
+        raise DataError(f"--data {source}: data source '{reg.spec.name}' ({reg.origin}) cannot be built: "
+                        f"{type(e).__name__}: {e}") from None
+
+
+def _label_scorers(registry: Any) -> list[tuple[str, Any]]:
+    """``(name, predicate)`` of the scorers that claim labels under ``--reward auto``
+    (``RewardScorerSpec.auto_labels``), by name."""
+    from relax_core.specs import resolve
+
+    specs = registry.components.get("reward", {}) if registry is not None else {}
+    return [(n, resolve(r.spec.auto_labels)) for n, r in sorted(specs.items()) if r.spec.auto_labels]
+
+
+def _from_file(path: Path, cfg: Any, source: str, registry: Any, fmt: Any = None) -> Dataset:
     if not path.is_file():
         raise DataError(f"data file {path} not found")
     records = _records(path)
-    first = next((r for _, r in records if isinstance(r, dict)), None)
-    if not gsm8k and first is not None and cfg.prompt_key not in first and cfg.label_key not in first \
-            and "question" in first and "answer" in first:
-        gsm8k = True  # auto-detected GSM8K format
+    fmt = fmt or _file_format(next((r for _, r in records if isinstance(r, dict)), None), cfg, data_sources(registry))
+    convert = _build(fmt, source, cfg) if fmt is not None else \
+        (lambda raw: _row_from_keys(raw, cfg.prompt_key, cfg.label_key, cfg.metadata_key))
+    claims = _label_scorers(registry)
     ds = Dataset(name=path.stem, rows=[])
     for where, raw in records:
         try:
@@ -191,7 +197,7 @@ def _from_file(path: Path, cfg: Any, gsm8k: bool) -> Dataset:
                 raise raw
             if not isinstance(raw, dict):
                 raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
-            row = _row_from_gsm8k(raw) if gsm8k else _row_from_keys(raw, cfg.prompt_key, cfg.label_key, cfg.metadata_key)
+            row = convert(raw)
         except (ValueError, TypeError) as e:
             msg = f"{where}: {e}"
             if not cfg.skip_bad_rows:
@@ -200,8 +206,10 @@ def _from_file(path: Path, cfg: Any, gsm8k: bool) -> Dataset:
             ds.problems.append(msg)
             continue
         row["prompt"] += cfg.prompt_suffix or ""  # files: only an explicit --prompt-suffix
-        if "scorer" not in row["metadata"] and parse_number(row["label"]) is not None:
-            row["metadata"] = {**row["metadata"], "scorer": "gsm8k"}  # final-number scoring
+        if "scorer" not in row["metadata"]:
+            name = next((n for n, accepts in claims if accepts(row["label"])), None)
+            if name is not None:
+                row["metadata"] = {**row["metadata"], "scorer": name}
         ds.rows.append(row)
     return ds
 
@@ -210,24 +218,20 @@ def load_dataset(source: str, cfg: Any, registry: Any = None) -> Dataset:
     """Load and validate ``source`` (a ``--data`` value) into a :class:`Dataset`.
 
     Args:
-        source: ``scheme:spec``, ``gsm8k:path`` or a file path.
+        source: ``scheme:spec`` (a data source or a file format) or a file path.
         cfg: the :class:`~relax_core.config.RunConfig` (keys, ``skip_bad_rows``).
-        registry: the plugin registry, for ``data_source`` schemes.
+        registry: the plugin registry, for ``data_source`` schemes and file formats and the
+            scorers' ``auto_labels`` (without it: plain files only).
 
     Raises:
         DataError: unknown scheme, unreadable file, a bad row (unless skipped), or no rows.
     """
     sources = data_sources(registry)
     ref = parse_data(source, sources)
-    if ref.kind == "gsm8k":
-        ds = _from_file(Path(ref.target).expanduser(), cfg, gsm8k=True)
+    if ref.kind == "source" and sources[ref.scheme].spec.file_keys:
+        ds = _from_file(Path(ref.target).expanduser(), cfg, source, registry, sources[ref.scheme])
     elif ref.kind == "source":
-        reg = sources[ref.scheme]
-        try:
-            reader = reg.spec.build(cfg.params_for(reg.spec.name), cfg)
-        except Exception as e:  # a broken plugin: name it rather than a traceback
-            raise DataError(f"--data {source}: data source '{reg.spec.name}' ({reg.origin}) cannot be built: "
-                            f"{type(e).__name__}: {e}") from None
+        reader = _build(sources[ref.scheme], source, cfg)
         try:
             raw_rows = reader(ref.target, cfg)
         except (ValueError, KeyError) as e:
@@ -241,11 +245,10 @@ def load_dataset(source: str, cfg: Any, registry: Any = None) -> Dataset:
             row["prompt"] += (raw.get("prompt_suffix") or "") if cfg.prompt_suffix is None else cfg.prompt_suffix
             ds.rows.append(row)
     elif ref.kind == "unknown":
-        known = ", ".join(sorted([*sources, GSM8K_SCHEME]))
-        raise DataError(f"--data {source}: unknown data source '{ref.scheme}:' (known: {known}); "
+        raise DataError(f"--data {source}: unknown data source '{ref.scheme}:' (known: {', '.join(sorted(sources))}); "
                         "is the plugin that provides it installed? (`relax plugins`)")
     else:
-        ds = _from_file(Path(source).expanduser(), cfg, gsm8k=False)
+        ds = _from_file(Path(source).expanduser(), cfg, source, registry)
     if not ds.rows:
         extra = f" ({ds.skipped} bad rows skipped; first: {ds.problems[0]})" if ds.skipped else ""
         raise DataError(f"--data {source}: the dataset is empty{extra}")

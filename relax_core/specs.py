@@ -386,7 +386,13 @@ class EnvironmentCapabilities:
 # --------------------------------------------------------------------------- specs
 
 
-def _resolve(path: str) -> Any:
+def resolve(path: str) -> Any:
+    """The object a ``"package.module:attr"`` path names (a factory, a predicate), imported.
+
+    Raises:
+        ValueError: ``path`` is not of that form.
+        ImportError, AttributeError: the module or the attribute does not exist.
+    """
     module, _, attr = path.partition(":")
     if not module or not attr:
         raise ValueError(f"factory must be 'package.module:callable', got {path!r}")
@@ -438,7 +444,7 @@ class ComponentSpec:
 
     def build(self, params: Any = None, config: Any = None) -> Any:
         """Import the factory and build the component."""
-        fn: Callable[..., Any] = _resolve(self.factory)
+        fn: Callable[..., Any] = resolve(self.factory)
         return fn(params if params is not None else self.default_params(), config)
 
 
@@ -494,6 +500,18 @@ class RewardScorerSpec(ComponentSpec):
     ``cpu``; :mod:`relax_core.distributed.scoring`).  ``None``: scored in the driver's reward
     workers.  Only with ``--reward NAME`` (``auto`` chooses the scorer per sample).  A
     module-level function: the spec travels with the scorer to its workers."""
+    auto_labels: str | None = None
+    """``"module:function"``, a predicate ``(label) -> bool``: under ``--reward auto``, a row of
+    a file whose metadata names no scorer and whose label it accepts is scored by this scorer
+    (``gsm8k``: a plain number), instead of the default ``math``; the first accepting scorer
+    by name wins (:func:`relax_core.data.load_dataset`)."""
+    suggest: str = ""
+    """The fix offered when another scorer rewards no correct answer (the label check and the
+    reward watch, :func:`relax_core.host.reward_check.what_to_try`), e.g. ``"--reward gsm8k
+    (the final number, or the last \\boxed{}) for numeric labels"``."""
+    fixes: tuple[str, ...] = ()
+    """What to try when this scorer itself rewards no correct answer (its own options, e.g.
+    ``--math-answer-format anchors``), listed before the generic fixes."""
     counts: tuple[str, ...] = ()
     """Names of the counts the scorer reports (e.g. ``("invalid",)`` for an LLM judge's
     unparseable verdicts): its function has ``pop_counts() -> dict[str, int]``, called by the
@@ -530,13 +548,22 @@ class BackendSpec(ComponentSpec):
 class DataSourceSpec(ComponentSpec):
     """A data source for ``--data <scheme>:<spec>`` (e.g. ``rg:`` for reasoning-gym).
 
-    ``scheme`` is matched against the part of ``--data`` before the first ``:``; the factory
-    returns ``fn(spec: str, config) -> list[dict]`` of rows with prompt/label/metadata.
+    ``scheme`` is matched against the part of ``--data`` before the first ``:``.  A
+    generating source's factory returns ``fn(spec: str, config) -> list[dict]`` of rows with
+    prompt/label/metadata.  A *file format* (``file_keys`` set, e.g. ``gsm8k:<path>``) reads
+    the records of a JSONL/JSON/Parquet file at ``<spec>``: its factory returns
+    ``fn(record: dict) -> dict``, one row from one record, raising ``ValueError`` or
+    ``TypeError`` for a bad record (which the core names by file and line, or skips under
+    ``--skip-bad-rows``).
     """
 
     kind: ClassVar[str] = "data_source"
     capabilities_type: ClassVar[type | None] = None
     scheme: str
+    file_keys: tuple[str, ...] = ()
+    """Non-empty: the source is a file format, and a bare file path whose first record has
+    all of these keys and neither ``--prompt-key`` nor ``--label-key`` is read by it
+    (``("question", "answer")`` for GSM8K)."""
 
 
 @dataclass(frozen=True, kw_only=True)

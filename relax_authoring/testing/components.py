@@ -341,12 +341,12 @@ def _check_advantage_terms(est: Any, batch: SyntheticBatch, adv: Tensor, cfg: An
 
 def _check_context_parallel(spec: Any, params: Any, cfg: Any, batch: SyntheticBatch, adv: Tensor) -> None:
     from relax_authoring.testing.distributed import run_on_two_ranks
-    from relax_core.specs import _resolve
+    from relax_core.specs import resolve
 
     cfg = dataclasses.replace(cfg, context_parallel_size=2)
     b = batch.variant(True, torch.float64)
     adv = fill_masked(adv.to(torch.float64), b.loss_mask, True)
-    est = _resolve(spec.factory)(params, cfg)
+    est = resolve(spec.factory)(params, cfg)
     _, full_loss, full_grad = policy_loss_value_and_grad(est, b, adv, cfg)
     ranks = run_on_two_ranks("relax_authoring.testing.components:_cp_rank", spec.factory, params, cfg, b, adv)
     loss = sum(r[0] for r in ranks)
@@ -359,12 +359,12 @@ def _cp_rank(rank: int, group: Any, factory: str, params: Any, cfg: Any, b: Synt
              adv: Tensor) -> tuple[Tensor, Tensor]:
     """One context-parallel rank: positions ``[0, CP_CUT)`` or ``[CP_CUT, T)`` of every
     sequence, global denominators, the rank group as ``process_group``."""
-    from relax_core.specs import _resolve
+    from relax_core.specs import resolve
 
     cols = slice(0, CP_CUT) if rank == 0 else slice(CP_CUT, T)
     mask = b.loss_mask
     piece = dataclasses.replace(b, loss_mask=mask[:, cols], **{f: getattr(b, f)[:, cols] for f in b.token_fields()})
-    est = _resolve(factory)(params, cfg)
+    est = resolve(factory)(params, cfg)
     _, loss, grad = policy_loss_value_and_grad(est, piece, adv[:, cols], cfg, process_group=group,
                                                num_tokens=mask.sum(), num_samples=mask.shape[0],
                                                tokens_per_sample=mask.sum(-1))

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from relax_core.config import RunConfig, check_bounds, flag_collisions, param_flag
 from relax_core.host.capabilities import CAPABILITIES, Context, Selected
-from relax_core.specs import BEHAVIOUR_NUMERATORS, ComponentSpec, EstimatorCapabilities, _resolve, api_version_problem
+from relax_core.specs import BEHAVIOUR_NUMERATORS, ComponentSpec, EstimatorCapabilities, api_version_problem, resolve
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 _FLAG_RE = re.compile(r"^--[a-z][a-z0-9]*(-[a-z0-9]+)*$")
@@ -122,7 +122,7 @@ def _check_spec(spec: ComponentSpec, params: Any, checks: Checks) -> Any:
         why = api_version_problem(spec.kind, spec.api_version)
         require(why is None, f"api_version {spec.api_version}: {why}")
     with checks.check("factory resolves"):
-        fn = _resolve(spec.factory)
+        fn = resolve(spec.factory)
         require(callable(fn), f"{spec.factory} is not callable")
     if getattr(spec, "kind", None) == "data_source":
         with checks.check("scheme"):

@@ -139,7 +139,7 @@ def _worker(rank: int, gloo_port: int, parent_port: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from relax_core.specs import _resolve
+    from relax_core.specs import resolve
 
     torch.set_num_threads(1)
     conn = Client(("127.0.0.1", parent_port), authkey=bytes.fromhex(os.environ.pop(_AUTHKEY_ENV)))
@@ -157,7 +157,7 @@ def _worker(rank: int, gloo_port: int, parent_port: int) -> None:
                 break
             fn, args = job
             try:
-                _send(conn, ("ok", _resolve(fn)(rank, group, *args)))
+                _send(conn, ("ok", resolve(fn)(rank, group, *args)))
             except BaseException:  # noqa: BLE001 - reported to the parent, which fails the check
                 _send(conn, ("error", traceback.format_exc()))
     finally:

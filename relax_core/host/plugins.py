@@ -163,6 +163,9 @@ def _spec_problems(spec: ComponentSpec, kind: str) -> list[str]:
                    f"params -> {want.__name__}, got {type(caps).__name__}")
     if ":" not in spec.factory:
         out.append(f"{kind} '{spec.name}': factory must be 'package.module:callable', got {spec.factory!r}")
+    labels = getattr(spec, "auto_labels", None)
+    if labels is not None and ":" not in labels:
+        out.append(f"{kind} '{spec.name}': auto_labels must be 'package.module:predicate', got {labels!r}")
     return out
 
 

@@ -28,7 +28,7 @@ A scorer function may expose ``extract_answer(response, label, metadata) -> str 
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 #: Rows of each dataset whose labels :func:`label_check` scores.
 CHECK_ROWS = 8
@@ -36,13 +36,18 @@ CHECK_ROWS = 8
 WATCH_CALLS = 2
 
 
-def what_to_try(scorer_name: str) -> str:
-    """The fixes worth trying when scorer ``scorer_name`` does not reward correct answers."""
-    hints = []
-    if scorer_name != "gsm8k":
-        hints.append("--reward gsm8k (the final number, or the last \\boxed{}) for numeric labels")
-    if scorer_name == "math":
-        hints.append("--math-answer-format anchors (also 'Answer: X' lines and <answer> tags)")
+def what_to_try(scorer_name: str, specs: Mapping[str, Any]) -> str:
+    """The fixes worth trying when scorer ``scorer_name`` does not reward correct answers: the
+    other installed scorers' ``suggest`` (by name), this scorer's own ``fixes``, then a
+    prompt suffix and the label key.
+
+    Args:
+        scorer_name: the scorer that rewards nothing.
+        specs: the installed scorers, name -> :class:`~relax_core.specs.RewardScorerSpec`.
+    """
+    own = specs.get(scorer_name)
+    hints = [spec.suggest for name, spec in sorted(specs.items()) if name != scorer_name and spec.suggest]
+    hints += list(own.fixes if own is not None else ())
     hints.append("a --prompt-suffix that asks for the form the scorer reads (e.g. ' Put the final answer in "
                  "\\boxed{}.')")
     hints.append("a --label-key that names the answer field")
@@ -108,14 +113,14 @@ def label_check(scorer: Any, datasets: Sequence[tuple[str, Any]], cfg: Any) -> t
                 why = ("cannot score the labels at all (it returns None: not an answer it can read)"
                        if all(unscored) else f"gives 0 to the label itself ('{label}') and to '\\boxed{{{label}}}'")
                 problems.append(f"{where}: a correct answer cannot score: it {why}; "
-                                f"{what_to_try(name)}")
+                                f"{what_to_try(name, scorer.specs)}")
             elif not all(a or b for a, b in zip(bare_ok, boxed_ok)):
                 n_bad = sum(not (a or b) for a, b in zip(bare_ok, boxed_ok))
                 warnings.append(f"{where}: {n_bad} of the first {len(rows)} labels cannot score even as the "
                                 f"answer itself; check those rows' labels")
             elif not any(bare_ok) and not any(_asks_for_box(r, cfg) for r in rows):
                 warnings.append(f"{where}: rewards '\\boxed{{{label}}}' but not the bare answer '{label}', and the "
-                                f"prompts do not ask for a box: a model that answers in words scores 0; {what_to_try(name)}")
+                                f"prompts do not ask for a box: a model that answers in words scores 0; {what_to_try(name, scorer.specs)}")
     return problems, warnings
 
 
@@ -244,7 +249,7 @@ class RewardWatch:
         response, label, meta = self.example
         names = [s.name_for(meta) for s in self.scorers]
         got = "was unscored (the scorer returned None)" if value is None else f"scored {value:g}"
-        hint = what_to_try(names[0]) if value is None or value <= 0 else (
+        hint = what_to_try(names[0], self.scorers[0].specs) if value is None or value <= 0 else (
             "every sample is already rewarded: use harder prompts (or a stricter scorer)")
         short = response if len(response) <= 200 else response[:200] + "…"
         answers = "; ".join(f"answer {'the scorer' if len(names) == 1 else repr(n)} extracted: "

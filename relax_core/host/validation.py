@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_core.config import DEFAULT_MODEL, RunConfig, check_bounds, config_fields, param_flag, value_problems
-from relax_core.data import GSM8K_SCHEME, data_sources, parse_data
+from relax_core.data import data_sources, parse_data
 from relax_core.host.capabilities import CAPABILITIES, Context, Selected
 from relax_core.host.plugins import PluginError, Registry
 from relax_core.run.lora import lora_problems
@@ -147,23 +147,25 @@ def _batch_problems(cfg: RunConfig) -> list[Problem]:
 
 
 def _data_problems(cfg: RunConfig, reg: Registry) -> list[Problem]:
-    """``--data`` / ``--eval-data``: a registered ``scheme:spec``, ``gsm8k:<path>`` or an
-    existing file."""
+    """``--data`` / ``--eval-data``: a registered ``scheme:spec``, a file format's
+    ``scheme:<existing file>`` or an existing file."""
     out = []
     schemes = data_sources(reg)
+    formats = sorted(s for s, r in schemes.items() if r.spec.file_keys)
     for flag, val in (("--data", cfg.data), ("--eval-data", cfg.eval_source)):
         if not val:
             continue
         ref = parse_data(val, schemes)
-        if ref.kind == "source":
+        if ref.kind == "source" and ref.scheme not in formats:
             continue
         if ref.kind == "unknown":
-            known = ", ".join(f"{s}:" for s in sorted({*schemes, GSM8K_SCHEME}))
+            known = ", ".join(f"{s}:" for s in sorted(schemes))
             out.append(Problem("config", flag, f"unknown data source scheme '{ref.scheme}:' in {val}",
                                f"use one of {known}, or a file path (`relax plugins` lists data sources)"))
         elif not Path(ref.target).expanduser().exists():
+            forms = "".join(f", {s}:<file>" for s in formats)
             out.append(Problem("config", flag, f"data file {ref.target} not found",
-                               "give an existing JSONL/JSON/Parquet file, gsm8k:<file> or rg:<dataset>"))
+                               f"give an existing JSONL/JSON/Parquet file{forms}, or a data source (`relax plugins`)"))
     return out
 
 

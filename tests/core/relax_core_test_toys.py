@@ -89,6 +89,33 @@ def build_rows(params, config):
     return rows
 
 
+def build_qa_format(params, config):
+    """A toy file format (``file_keys=("q", "sol")``): ``{"q", "sol": "... = N"}`` → the row
+    ``{"prompt": q, "label": N}``; a record whose ``sol`` has no ``=`` is bad."""
+    def row(record):
+        if "=" not in str(record["sol"]):
+            raise ValueError("sol has no '= N'")
+        return {"prompt": record["q"], "label": record["sol"].rsplit("=", 1)[1].strip(), "metadata": {"source": "qa"}}
+    return row
+
+
+def is_even_label(label) -> bool:
+    """A toy scorer's ``auto_labels``: an even integer label."""
+    return str(label).lstrip("-").isdigit() and int(label) % 2 == 0
+
+
+def qa_plugin(**scorer_kw):
+    """A toy plugin with the file format ``qa:`` and scorers ``even`` (claiming even integer
+    labels, with ``scorer_kw``) and ``zeven`` (claiming them too: ``even`` wins by name)."""
+    return ("qa", make_plugin(
+        DataSourceSpec(name="qa", scheme="qa", summary="toy file format", source="tests",
+                       factory="relax_core_test_toys:build_qa_format", file_keys=("q", "sol")),
+        RewardScorerSpec(name="even", summary="toy", source="tests", factory="relax_core_test_toys:build_scorer",
+                         auto_labels="relax_core_test_toys:is_even_label", **scorer_kw),
+        RewardScorerSpec(name="zeven", summary="toy", source="tests", factory="relax_core_test_toys:build_scorer",
+                         auto_labels="relax_core_test_toys:is_even_label")), "relax-qa", "1.0")
+
+
 def build_estimator(params, config):
     return ("toy", params, config)
 

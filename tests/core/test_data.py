@@ -1,9 +1,10 @@
-"""relax_core.data: file formats, GSM8K, bad rows named by file:line, --skip-bad-rows,
-missing keys, empty data, prompt building and the resumable cursor."""
+"""relax_core.data: file formats (plugin ones too), scorers claiming labels, bad rows named by
+file:line, --skip-bad-rows, missing keys, empty data, prompt building and the resumable cursor."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -14,7 +15,6 @@ from relax_core.data import (
     data_fingerprint,
     encode_prompts,
     exclude_eval_prompts,
-    gsm8k_label,
     load_dataset,
     prompt_text,
 )
@@ -29,7 +29,7 @@ def test_jsonl_rows_with_custom_keys_and_metadata(tmp_path):
     p = _write(tmp_path / "d.jsonl", [{"q": "1+1?", "a": 2, "m": {"scorer": "math"}}, {"q": "2+2?", "a": 4, "m": None}])
     ds = load_dataset(str(p), RunConfig(prompt_key="q", label_key="a", metadata_key="m"))
     assert ds.rows == [{"prompt": "1+1?", "label": 2, "metadata": {"scorer": "math"}},
-                       {"prompt": "2+2?", "label": 4, "metadata": {"scorer": "gsm8k"}}]  # numeric label: final-number scorer
+                       {"prompt": "2+2?", "label": 4, "metadata": {}}]  # no registry: no scorer claims labels
 
 
 def test_a_malformed_line_fails_naming_file_and_line(tmp_path):
@@ -69,16 +69,34 @@ def test_empty_dataset_is_an_error(tmp_path):
         load_dataset(str(p2), RunConfig(skip_bad_rows=True))
 
 
-def test_gsm8k_format_auto_detected_and_by_scheme(tmp_path):
-    rows = [{"question": "Tom has 3 apples...", "answer": "3 + 4 = <<3+4=7>>7\n#### 1,007"}]
-    p = _write(tmp_path / "gsm.jsonl", rows)
-    for src in (str(p), f"gsm8k:{p}"):
-        ds = load_dataset(src, RunConfig())
-        assert ds.rows[0]["prompt"] == "Tom has 3 apples..." and ds.rows[0]["label"] == "1007"
-        assert ds.rows[0]["metadata"]["scorer"] == "gsm8k"
-    assert gsm8k_label("x\n#### -12") == "-12"
-    with pytest.raises(ValueError):
-        gsm8k_label("no marker")
+def test_a_plugin_file_format_reads_by_scheme_and_by_its_keys(tmp_path, registry_with):
+    from relax_core_test_toys import qa_plugin
+
+    reg = registry_with(qa_plugin())
+    p = _write(tmp_path / "qa.jsonl", [{"q": "Tom has 3 apples...", "sol": "3 + 4 = 7"}, {"q": "x", "sol": "no answer"}])
+    for src in (str(p), f"qa:{p}"):
+        with pytest.raises(DataError, match=rf"{re.escape(str(p))}:2: sol has no '= N' \(or pass --skip-bad-rows"):
+            load_dataset(src, RunConfig(), reg)
+        ds = load_dataset(src, RunConfig(skip_bad_rows=True, prompt_suffix="!"), reg)
+        assert (ds.name, ds.skipped) == ("qa", 1)
+        assert ds.rows == [{"prompt": "Tom has 3 apples...!", "label": "7", "metadata": {"source": "qa"}}]
+    with pytest.raises(DataError, match="2 bad rows skipped; first: .*no prompt key 'prompt'"):  # no format installed
+        load_dataset(str(p), RunConfig(skip_bad_rows=True), registry_with())
+    with_keys = _write(tmp_path / "k.jsonl", [{"q": "a", "sol": "= 1", "prompt": "p", "label": "1"}])
+    assert load_dataset(str(with_keys), RunConfig(), reg).rows[0]["prompt"] == "p"  # its own keys win
+    with pytest.raises(DataError, match="unknown data source 'nope:' \\(known: qa, rg\\)"):
+        load_dataset("nope:thing", RunConfig(), reg)
+
+
+def test_scorers_claim_the_labels_of_file_rows_that_name_none(tmp_path, registry_with):
+    from relax_core_test_toys import qa_plugin
+
+    p = _write(tmp_path / "d.jsonl", [{"prompt": "a", "label": "4"}, {"prompt": "b", "label": "3"},
+                                      {"prompt": "c", "label": "8", "metadata": {"scorer": "math"}}])
+    rows = load_dataset(str(p), RunConfig(metadata_key="metadata"), registry_with(qa_plugin())).rows
+    assert [r["metadata"] for r in rows] == [{"scorer": "even"}, {}, {"scorer": "math"}]  # first claimant by name
+    rows = load_dataset(str(p), RunConfig(metadata_key="metadata"), registry_with()).rows
+    assert [r["metadata"] for r in rows] == [{}, {}, {"scorer": "math"}]
 
 
 def test_json_and_parquet_through_datasets(tmp_path):
@@ -197,13 +215,13 @@ def test_one_reading_of_a_data_value(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "ab:c.jsonl").write_text("{}\n")  # an existing file whose name has a colon stays a file
     for value, want in (("rg:chain_sum?size=4", DataRef("source", "rg", "chain_sum?size=4")),
-                        ("gsm8k:/d/x.jsonl", DataRef("gsm8k", "gsm8k", "/d/x.jsonl")),
+                        ("qa:/d/x.jsonl", DataRef("source", "qa", "/d/x.jsonl")),
                         ("hf:gsm8k", DataRef("unknown", "hf", "gsm8k")),
                         ("C:\\data\\x.jsonl", DataRef("file", "", "C:\\data\\x.jsonl")),
                         ("./runs:1/x.jsonl", DataRef("file", "", "./runs:1/x.jsonl")),
                         ("ab:c.jsonl", DataRef("file", "", "ab:c.jsonl")),
                         ("ab:d.jsonl", DataRef("unknown", "ab", "d.jsonl"))):
-        assert parse_data(value, {"rg"}) == want, value
+        assert parse_data(value, {"rg", "qa"}) == want, value
 
 
 def test_training_rows_with_an_evaluation_prompt_are_left_out(tmp_path):

@@ -1,5 +1,5 @@
-"""The layers import downwards only: ``relax_core`` (the run) imports neither the CLI nor the
-authoring tools, and the authoring tools do not import the CLI."""
+"""The layers import downwards only: ``relax_core`` (the run) imports neither the CLI, nor the
+authoring tools, nor any plugin package, and the authoring tools do not import the CLI."""
 
 import ast
 from pathlib import Path
@@ -31,3 +31,13 @@ def test_layers_import_downwards(package, forbidden):
     assert imported.get("relax_core"), "the scan found no imports at all"  # the scan works
     bad = {name: sorted(imported[name]) for name in forbidden if name in imported}
     assert not bad, f"{package} imports a layer above it: {bad}"
+
+
+def test_the_core_imports_no_plugin_package():
+    """Domain code (answer extraction, file formats, ...) lives in the plugins; the core reaches
+    it only through specs (``"module:callable"`` strings resolved at run time)."""
+    plugin_packages = {p.name for p in ROOT.glob("plugins/*/*/relax_*") if p.is_dir()}
+    assert {"relax_answers", "relax_math", "relax_torch"} <= plugin_packages  # the glob finds them
+    imported = _imported_top_levels("relax_core")
+    bad = {name: sorted(imported[name]) for name in plugin_packages if name in imported}
+    assert not bad, f"relax_core imports plugin packages: {bad}"

@@ -163,17 +163,21 @@ def test_capability_table_covers_every_declared_capability():
 
 
 def test_data_sources(registry_with, tmp_path):
-    reg = registry_with(TOY)  # the infra plugin registers the rg: scheme
+    from relax_core_test_toys import qa_plugin
+
+    reg = registry_with(TOY, qa_plugin())  # rg: from the infra plugin, the file format qa: from the other
     f = tmp_path / "train.jsonl"
     f.write_text("{}\n")
     data = {p.message for p in _problems(reg, data="rg:basic_arithmetic?size=4") if p.constraint == "--data"}
     assert data == set()
-    for value, message in ((str(f), None), (f"gsm8k:{f}", None),
+    for value, message in ((str(f), None), (f"qa:{f}", None),
                            ("hf:gsm8k", "unknown data source scheme 'hf:' in hf:gsm8k"),
                            (str(tmp_path / "missing.jsonl"), f"data file {tmp_path / 'missing.jsonl'} not found"),
-                           ("gsm8k:/no/such.jsonl", "data file /no/such.jsonl not found")):
+                           ("qa:/no/such.jsonl", "data file /no/such.jsonl not found")):
         got = [p.message for p in _problems(reg, data=value) if p.constraint == "--data"]
         assert got == ([message] if message else []), value
+    [fix] = [p.fix for p in _problems(reg, data="qa:/no/such.jsonl") if p.constraint == "--data"]
+    assert fix == "give an existing JSONL/JSON/Parquet file, qa:<file>, or a data source (`relax plugins`)"
 
 
 def test_update_weights_interval_makes_a_run_off_policy(registry_with):

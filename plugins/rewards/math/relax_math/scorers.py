@@ -42,7 +42,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from relax_core.answers import (
+from relax_answers import (
     answer_line,
     answer_tag,
     gsm8k_final,

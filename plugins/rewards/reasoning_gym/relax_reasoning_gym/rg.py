@@ -37,7 +37,7 @@ import typing
 from typing import Any
 from urllib.parse import unquote
 
-from relax_core.answers import answer_tag, last_boxed, last_number, parse_number
+from relax_answers import answer_tag, last_boxed, last_number, parse_number
 
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 #: The instruction the source declares for tasks whose answer is a number (the scorer then

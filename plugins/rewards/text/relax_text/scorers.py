@@ -21,7 +21,7 @@ import string
 from collections import Counter
 from typing import Any
 
-from relax_core.answers import answer_tag, last_boxed, strip_math
+from relax_answers import answer_tag, last_boxed, strip_math
 
 # a letter, alone or in parentheses, optionally followed by ")", "." or ":" and the option text
 _LETTER_RE = re.compile(r"^\(?\s*([A-Za-z])\s*(?:[).:](?:\s.*)?)?$", re.DOTALL)

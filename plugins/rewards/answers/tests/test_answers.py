@@ -1,8 +1,8 @@
-"""Final-answer extraction shared by the scorers (relax_core.answers)."""
+"""Final-answer extraction shared by the scorers (relax_answers)."""
 
 import pytest
 
-from relax_core.answers import (
+from relax_answers import (
     answer_line,
     answer_tag,
     gsm8k_final,
