@@ -61,6 +61,8 @@ SUITE = [
     ("async", PY, "async.py", ["--steps", "3", "--repeats", "1", "--out", os.devnull],
      ["--steps", "2", "--repeats", "1", "--out", os.devnull],
      "5b. sync vs fully-async on Ray, Ray start-up (the Ray engineer's benchmark)"),
+    ("ray_round_trips", PY, "ray_round_trips.py", [], ["--smoke"],
+     "5c. the Ray optimizer step's four control round trips (grad norm, step count, apply, zero) vs a local step"),
     ("judge_agreement", PY, "judge_agreement.py", ["--n", "64"], ["--smoke"],
      "issue 22: SmolLM2-135M as a temperature-0 llm_judge vs the rule scorer, 64 responses (the 200-response "
      "figure: benchmarks/results/judge_agreement-20261202.txt)"),
