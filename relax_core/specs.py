@@ -36,8 +36,8 @@ from typing import Any, Callable, ClassVar, Literal
 #: ``behaviour_numerator``, instead of a ``policy_loss_kind``, and corrections the values they
 #: accept, ``behaviour_numerators`` (was ``compatible_policy_loss_kinds``); ``CorrectionInput``
 #: carries ``behaviour_numerator`` (was ``policy_loss_kind``).
-API_VERSION = 4
-SUPPORTED_API_VERSIONS = frozenset({1, 2, 3, 4})
+API_VERSION = 5
+SUPPORTED_API_VERSIONS = frozenset({1, 2, 3, 4, 5})
 #: version -> the kinds whose contract changed in it (and how); their plugins written for an
 #: earlier version are refused
 CHANGED_IN = {
@@ -55,6 +55,21 @@ CHANGED_IN = {
                       "*), and CorrectionInput.policy_loss_kind by behaviour_numerator (the field to read: "
                       "getattr(inp, inp.behaviour_numerator))"},
 }
+
+
+#: version -> the kinds whose plugins written for an earlier version still load but may need a
+#: change (and which): shown when such a component fails to build (:func:`api_notes`)
+NOTES_SINCE = {
+    5: {"reward": "relax_core.answers is now the library relax_answers (distribution relax-answers): import it from "
+                  "there and add relax-answers to your plugin's dependencies"},
+}
+
+
+def api_notes(kind: str, version: int) -> str:
+    """``" (written for plugin API <version>; since <v>: ...)"`` for a ``kind`` written for an
+    earlier ``version`` than a change of :data:`NOTES_SINCE` (appended to its build error), or ``""``."""
+    notes = [f"since {v}: {NOTES_SINCE[v][kind]}" for v in sorted(NOTES_SINCE) if v > version and kind in NOTES_SINCE[v]]
+    return f" (written for plugin API {version}; {'; '.join(notes)})" if notes else ""
 
 
 def api_version_problem(kind: str, version: int) -> str | None:
@@ -395,7 +410,7 @@ def resolve(path: str) -> Any:
     """
     module, _, attr = path.partition(":")
     if not module or not attr:
-        raise ValueError(f"factory must be 'package.module:callable', got {path!r}")
+        raise ValueError(f"expected 'package.module:callable', got {path!r}")
     obj = importlib.import_module(module)
     for part in attr.split("."):
         obj = getattr(obj, part)
@@ -561,9 +576,9 @@ class DataSourceSpec(ComponentSpec):
     capabilities_type: ClassVar[type | None] = None
     scheme: str
     file_keys: tuple[str, ...] = ()
-    """Non-empty: the source is a file format, and a bare file path whose first record has
-    all of these keys and neither ``--prompt-key`` nor ``--label-key`` is read by it
-    (``("question", "answer")`` for GSM8K)."""
+    """Non-empty: the source is a file format, and a bare file path whose first JSON-object
+    record has all of these keys and neither ``--prompt-key`` nor ``--label-key`` is read by it
+    (``("question", "answer")`` for GSM8K).  A tuple of non-empty strings."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -164,8 +164,11 @@ def _spec_problems(spec: ComponentSpec, kind: str) -> list[str]:
     if ":" not in spec.factory:
         out.append(f"{kind} '{spec.name}': factory must be 'package.module:callable', got {spec.factory!r}")
     labels = getattr(spec, "auto_labels", None)
-    if labels is not None and ":" not in labels:
+    if labels is not None and (not isinstance(labels, str) or ":" not in labels):
         out.append(f"{kind} '{spec.name}': auto_labels must be 'package.module:predicate', got {labels!r}")
+    keys = getattr(spec, "file_keys", ())
+    if not isinstance(keys, tuple) or not all(isinstance(k, str) and k for k in keys):
+        out.append(f"{kind} '{spec.name}': file_keys must be a tuple of non-empty strings, got {keys!r}")
     return out
 
 

@@ -84,7 +84,7 @@ from relax_core.run.interrupts import (
     spawn_worker,
     stop_workers,
 )
-from relax_core.specs import RewardScorerSpec
+from relax_core.specs import RewardScorerSpec, api_notes
 
 log = logging.getLogger("relax.rewarding")
 
@@ -177,7 +177,9 @@ class Scorer:
             except RewardSetupError:
                 raise
             except Exception as e:
-                raise RewardSetupError(f"reward scorer '{name}' cannot be built: {type(e).__name__}: {e}") from e
+                spec = self.specs.get(name)
+                notes = api_notes("reward", spec.api_version) if spec is not None else ""
+                raise RewardSetupError(f"reward scorer '{name}' cannot be built: {type(e).__name__}: {e}{notes}") from e
 
     def _build(self, name: str) -> ScorerFn:
         fn = self._built.get(name)

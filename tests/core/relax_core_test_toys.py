@@ -111,7 +111,7 @@ def qa_plugin(**scorer_kw):
         DataSourceSpec(name="qa", scheme="qa", summary="toy file format", source="tests",
                        factory="relax_core_test_toys:build_qa_format", file_keys=("q", "sol")),
         RewardScorerSpec(name="even", summary="toy", source="tests", factory="relax_core_test_toys:build_scorer",
-                         auto_labels="relax_core_test_toys:is_even_label", **scorer_kw),
+                         **{"auto_labels": "relax_core_test_toys:is_even_label", **scorer_kw}),
         RewardScorerSpec(name="zeven", summary="toy", source="tests", factory="relax_core_test_toys:build_scorer",
                          auto_labels="relax_core_test_toys:is_even_label")), "relax-qa", "1.0")
 

@@ -88,6 +88,19 @@ def test_a_plugin_file_format_reads_by_scheme_and_by_its_keys(tmp_path, registry
         load_dataset("nope:thing", RunConfig(), reg)
 
 
+def test_a_format_reading_a_missing_key_and_a_broken_claim_are_named(tmp_path, registry_with):
+    from relax_core_test_toys import qa_plugin
+
+    p = _write(tmp_path / "qa.jsonl", [{"q": "a", "sol": "= 1"}, {"q": "b"}])
+    with pytest.raises(DataError, match=r"qa.jsonl:2: no key 'sol' \(keys: q\) \(or pass --skip-bad-rows"):
+        load_dataset(f"qa:{p}", RunConfig(), registry_with(qa_plugin()))
+    assert load_dataset(f"qa:{p}", RunConfig(skip_bad_rows=True), registry_with(qa_plugin())).skipped == 1
+    broken = registry_with(qa_plugin(auto_labels="relax_core_test_toys:no_such_predicate"))
+    with pytest.raises(DataError, match=r"reward scorer 'even' \(relax-qa 1.0\): its auto_labels "
+                                        r"'relax_core_test_toys:no_such_predicate' cannot be imported: AttributeError"):
+        load_dataset(str(p), RunConfig(), broken)
+
+
 def test_scorers_claim_the_labels_of_file_rows_that_name_none(tmp_path, registry_with):
     from relax_core_test_toys import qa_plugin
 

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from relax_core import EstimatorSpec, hookimpl
+from relax_core import DataSourceSpec, EstimatorSpec, RewardScorerSpec, hookimpl
 from relax_core.config import RunConfig
 from relax_core.host.plugins import PluginError, load_registry
 from relax_core.host.validation import resolve
@@ -104,10 +104,10 @@ def test_hook_with_wrong_signature_is_caught(registry_with):
 
 
 def test_unsupported_api_version_is_refused(registry_with):
-    reg = registry_with(("future", make_plugin(estimator(api_version=5)), "relax-future", "9.0"))
+    reg = registry_with(("future", make_plugin(estimator(api_version=6)), "relax-future", "9.0"))
     assert reg.plugins[1].status == "error"
     assert reg.plugins[1].error == (
-        "ValueError: estimator 'toy' declares api_version 5; this relax-core supports [1, 2, 3, 4]: upgrade "
+        "ValueError: estimator 'toy' declares api_version 6; this relax-core supports [1, 2, 3, 4, 5]: upgrade "
         "relax-core or install a version of relax-future written for it")
     assert reg.names("estimator") == []
 
@@ -116,7 +116,7 @@ def test_api_version_1_loads_where_the_contract_kept_its_names_only():
     from relax_core.specs import api_version_problem
 
     for kind in ("reward", "reward_processor", "data_source"):
-        assert all(api_version_problem(kind, v) is None for v in (1, 2, 3, 4))
+        assert all(api_version_problem(kind, v) is None for v in (1, 2, 3, 4, 5))
     for kind in ("engine", "backend", "estimator", "correction"):
         assert "no longer load" in api_version_problem(kind, 1)
     assert api_version_problem("engine", 2) is None
@@ -134,11 +134,29 @@ def test_api_version_1_loads_where_the_contract_kept_its_names_only():
     assert api_version_problem("estimator", 4) is None
 
 
+def test_a_scorer_written_for_api_4_that_fails_to_build_is_told_where_answers_went():
+    from relax_core.specs import api_notes
+
+    assert api_notes("reward", 4).startswith(" (written for plugin API 4; since 5: relax_core.answers is now the "
+                                             "library relax_answers (distribution relax-answers)")
+    assert api_notes("reward", 5) == "" and api_notes("estimator", 4) == ""
+    from relax_core.stages.rewarding import RewardSetupError, Scorer
+
+    old = RewardScorerSpec(name="old", summary="s", source="s", factory="relax_core.answers:last_boxed", api_version=4)
+    with pytest.raises(RewardSetupError, match=r"reward scorer 'old' cannot be built: ModuleNotFoundError: .*"
+                                               r"\(written for plugin API 4; since 5: relax_core.answers is now"):
+        Scorer({"old": old}, reward="old").check([{}])
+
+
 @pytest.mark.parametrize("spec,error", [
     (lambda: estimator(name="Bad-Name"), "component name 'Bad-Name' must match [a-z][a-z0-9_]*"),
     (lambda: estimator(params=dict), "params must be a dataclass"),
     (lambda: estimator(caps=object()), "capabilities must be a EstimatorCapabilities or a callable"),
     (lambda: EstimatorSpec(name="toy", summary="s", source="s", factory="no_colon"), "factory must be 'package.module:callable'"),
+    (lambda: DataSourceSpec(name="qa", scheme="qa", summary="s", source="s", factory="m:f", file_keys="question"),
+     "data_source 'qa': file_keys must be a tuple of non-empty strings, got 'question'"),
+    (lambda: RewardScorerSpec(name="r", summary="s", source="s", factory="m:f", auto_labels="no_colon"),
+     "reward 'r': auto_labels must be 'package.module:predicate', got 'no_colon'"),
 ])
 def test_malformed_spec_is_refused(registry_with, spec, error):
     reg = registry_with(("bad", make_plugin(spec())))

@@ -37,7 +37,7 @@ def saved_run(tiny_model_dir, prompts_file, tmp_path, monkeypatch):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps(config_to_dict(cfg), default=str))
-    fingerprint = load_dataset(cfg.data, cfg).fingerprint
+    fingerprint = load_dataset(cfg.data, cfg, default_registry()).fingerprint  # as relax train reads it
     ckpt.save_checkpoint(run / "checkpoints", 2, _Backend(), {"step": 2, "data": fingerprint, "history": []})
     reached = []
     monkeypatch.setattr(launch_mod, "_launch", lambda *a: (reached.append(a) or 0, None))  # (exit code, no trainer)

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from relax_authoring.scaffold import KINDS, write_plugin
+from relax_core import API_VERSION
 
 NAMES = {kind: f"my_{kind}" for kind in KINDS}
 SELECT = {"estimator": "--advantage-estimator", "correction": "--correction", "reward": "--reward",
@@ -82,14 +83,15 @@ def test_not_installed_is_refused(make_site):
 def test_unsupported_api_version_is_refused_with_the_distribution(make_site, tmp_path):
     pkg = write_plugin("estimator", "future_algo", tmp_path)
     plugin_py = pkg / "relax_future_algo" / "plugin.py"
-    plugin_py.write_text(plugin_py.read_text().replace('name="future_algo",', 'name="future_algo", api_version=5,'))
+    future = API_VERSION + 1
+    plugin_py.write_text(plugin_py.read_text().replace('name="future_algo",', f'name="future_algo", api_version={future},'))
     site = make_site("future-site")
     site.install(pkg)
     listed = {p["name"]: p for p in json.loads(site.relax("plugins", "--json").stdout)["plugins"]}["future_algo"]
-    assert listed["status"] == "error" and "declares api_version 5" in listed["error"], listed
+    assert listed["status"] == "error" and f"declares api_version {future}" in listed["error"], listed
     res = site.relax("train", "--dry-run", "--advantage-estimator", "future_algo")
     assert res.returncode == 2
-    assert "api_version 5" in res.stderr and "relax-future-algo" in res.stderr, res.stderr
+    assert f"api_version {future}" in res.stderr and "relax-future-algo" in res.stderr, res.stderr
 
 
 def test_summary_with_quotes_and_backslashes_is_quoted(tmp_path):

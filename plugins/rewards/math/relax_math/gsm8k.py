@@ -4,8 +4,9 @@ Cobbe et al. 2021, *Training Verifiers to Solve Math Word Problems*: every solut
 line ``#### <number>``.  A row is ``{"prompt": question, "label": N, "metadata": {"source":
 "gsm8k", "scorer": "gsm8k"}}``, ``N`` with its thousands separators removed.  The core reads
 the file (JSONL line by line, JSON, Parquet) and names a bad record by file and line
-(:class:`relax_core.specs.DataSourceSpec`, ``file_keys``); a bare file path whose records
-have ``question`` and ``answer`` (and not the prompt/label keys) is read by this format too.
+(:class:`relax_core.specs.DataSourceSpec`, ``file_keys``); a bare file path whose first
+record has ``question`` and ``answer`` (and not the prompt/label keys) is read by this format
+too.
 """
 
 from __future__ import annotations

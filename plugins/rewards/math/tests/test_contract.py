@@ -3,10 +3,11 @@
 import pytest
 
 from relax_authoring.testing import check_contract
-from relax_math.plugin import MathParams, relax_register_reward_scorers
+from relax_math.plugin import MathParams, relax_register_data_sources, relax_register_reward_scorers
 
 
-@pytest.mark.parametrize("spec", relax_register_reward_scorers(), ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [*relax_register_reward_scorers(), *relax_register_data_sources()],
+                         ids=lambda s: f"{s.kind}-{s.name}")
 def test_contract(spec):
     check_contract(spec)
 
