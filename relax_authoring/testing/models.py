@@ -104,3 +104,26 @@ def make_tiny_model(path: str | os.PathLike, *, moe: bool = False, seed: int = 0
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def noisy_copy(src: str | os.PathLike, dst: str | os.PathLike, sigma: float, seed: int = 0) -> Path:
+    """Write a copy of the model directory ``src`` to ``dst`` with N(0, sigma²) noise added to
+    every weight matrix (parameters of two or more dimensions; norms and biases unchanged),
+    deterministic in ``seed``, and ``src``'s tokenizer: a student (or a teacher) that
+    disagrees with ``src`` by a known amount, for distillation tests.
+
+    Returns:
+        ``Path(dst)``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(src)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.add_(torch.randn(p.shape, generator=g) * sigma)
+    model.save_pretrained(dst)
+    AutoTokenizer.from_pretrained(src).save_pretrained(dst)
+    return Path(dst)

@@ -196,20 +196,6 @@ def test_teacher_with_fewer_embedding_rows_is_refused(tiny_model_dir, tmp_path):
 # --------------------------------------------------------------------------- runs of the real loop
 
 
-def _noisy_copy(src, dst, sigma, seed=0):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(src)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.add_(torch.randn(p.shape, generator=g) * sigma)
-    model.save_pretrained(dst)
-    AutoTokenizer.from_pretrained(src).save_pretrained(dst)
-    return dst
-
-
 def held_out_reverse_kl(student_dir, teacher_dir):
     """Mean full-vocabulary KL(π_student ‖ π_teacher) (nats per token) over 8 tokens the
     student samples (temperature 1, seed 0) after each of 4 prompts the run never trains on."""
@@ -240,11 +226,11 @@ def test_noisy_student_learns_towards_its_clean_teacher(tmp_path):
     Every step the teacher's log-probs are computed (the logged reverse KL is finite and not
     0), the old log-probs are recomputed, and with every reward weight 0 (GRPO's group
     advantages all 0) the advantages are the distillation term alone."""
-    from relax_authoring.testing.models import make_tiny_model
+    from relax_authoring.testing.models import make_tiny_model, noisy_copy
     from relax_core.run.launch import configure, launch
 
     teacher = make_tiny_model(tmp_path / "teacher", config={"initializer_range": 0.3})
-    student = _noisy_copy(teacher, tmp_path / "student", sigma=0.1)
+    student = noisy_copy(teacher, tmp_path / "student", sigma=0.1)
     before = held_out_reverse_kl(student, teacher)
     reg = default_registry()
     cfg, resolved, _ = configure([
