@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 from relax_core.config import RunConfig, check_bounds, flag_collisions, param_flag
 from relax_core.host.capabilities import CAPABILITIES, Context, Selected
+from relax_core.host.plugins import spec_problems
 from relax_core.specs import BEHAVIOUR_NUMERATORS, ComponentSpec, EstimatorCapabilities, api_version_problem, resolve
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -127,20 +128,15 @@ def _check_spec(spec: ComponentSpec, params: Any, checks: Checks) -> Any:
     if getattr(spec, "kind", None) == "data_source":
         with checks.check("scheme"):
             require(isinstance(spec.scheme, str) and _NAME_RE.match(spec.scheme), f"bad scheme {spec.scheme!r}")
-        with checks.check("file_keys"):
-            require(isinstance(spec.file_keys, tuple) and all(isinstance(k, str) and k for k in spec.file_keys),
-                    f"file_keys must be a tuple of non-empty strings, got {spec.file_keys!r}")
-    if getattr(spec, "kind", None) == "reward":
-        if spec.auto_labels is not None:
-            with checks.check("auto_labels resolves"):
-                pred = resolve(spec.auto_labels)
-                require(callable(pred), f"{spec.auto_labels} is not callable")
-                require(all(isinstance(pred(x), bool) for x in ("13", 42, "x", None)),
-                        f"{spec.auto_labels}(label) must return a bool for any label")
-        with checks.check("suggest and fixes"):
-            require(isinstance(spec.suggest, str), f"suggest must be a string, got {spec.suggest!r}")
-            require(isinstance(spec.fixes, tuple) and all(isinstance(f, str) and f for f in spec.fixes),
-                    f"fixes must be a tuple of non-empty strings, got {spec.fixes!r}")
+    with checks.check("the loader's spec checks"):
+        problems = spec_problems(spec, spec.kind)
+        require(not problems, "; ".join(problems))
+    if getattr(spec, "kind", None) == "reward" and spec.auto_labels is not None:
+        with checks.check("auto_labels resolves"):
+            pred = resolve(spec.auto_labels)
+            require(callable(pred), f"{spec.auto_labels} is not callable")
+            require(all(isinstance(pred(x), bool) for x in ("13", 42, "x", None)),
+                    f"{spec.auto_labels}(label) must return a bool for any label")
     if spec.params is None:
         with checks.check("params"):
             require(params is None, "params given, but the spec has no parameter schema")

@@ -150,8 +150,9 @@ def _did_you_mean(name: str, valid: list[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close and close[0] != name else ""
 
 
-def _spec_problems(spec: ComponentSpec, kind: str) -> list[str]:
-    """Cheap structural checks of one spec (the contract kit checks more)."""
+def spec_problems(spec: ComponentSpec, kind: str) -> list[str]:
+    """Cheap structural checks of one spec, run when a plugin loads and by the contract kit
+    (which checks more)."""
     out = []
     if not _NAME_RE.match(spec.name):
         out.append(f"component name {spec.name!r} must match [a-z][a-z0-9_]*")
@@ -166,9 +167,12 @@ def _spec_problems(spec: ComponentSpec, kind: str) -> list[str]:
     labels = getattr(spec, "auto_labels", None)
     if labels is not None and (not isinstance(labels, str) or ":" not in labels):
         out.append(f"{kind} '{spec.name}': auto_labels must be 'package.module:predicate', got {labels!r}")
-    keys = getattr(spec, "file_keys", ())
-    if not isinstance(keys, tuple) or not all(isinstance(k, str) and k for k in keys):
-        out.append(f"{kind} '{spec.name}': file_keys must be a tuple of non-empty strings, got {keys!r}")
+    for field_name in ("file_keys", "fixes"):
+        values = getattr(spec, field_name, ())
+        if not isinstance(values, tuple) or not all(isinstance(v, str) and v for v in values):
+            out.append(f"{kind} '{spec.name}': {field_name} must be a tuple of non-empty strings, got {values!r}")
+    if not isinstance(getattr(spec, "suggest", ""), str):
+        out.append(f"{kind} '{spec.name}': suggest must be a string, got {spec.suggest!r}")
     return out
 
 
@@ -193,7 +197,7 @@ def _collect(pm: pluggy.PluginManager, plugin: Any, info: PluginInfo) -> list[tu
                 raise ValueError(
                     f"{kind} '{spec.name}' declares api_version {spec.api_version}; {why}: upgrade relax-core or "
                     f"install a version of {info.dist} written for it")
-            problems = _spec_problems(spec, kind)
+            problems = spec_problems(spec, kind)
             if problems:
                 raise ValueError("; ".join(problems))
             out.append((kind, spec))

@@ -105,7 +105,8 @@ def test_spec_problems_are_all_listed():
     spec = toy(name="Toy", summary="two\nlines", source="", factory="relax_core_test_toys:no_such", params=Loose)
     msg = failures(spec, distributed=False)
     for text in ("name: 'Toy' must match", "summary: summary must be one line", "source: empty source",
-                 "factory resolves: raised AttributeError", "params schema: params dataclass must be frozen"):
+                 "factory resolves: raised AttributeError", "params schema: params dataclass must be frozen",
+                 "the loader's spec checks: component name 'Toy' must match"):
         assert text in msg, text
 
     @dataclass(frozen=True)

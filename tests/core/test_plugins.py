@@ -157,6 +157,10 @@ def test_a_scorer_written_for_api_4_that_fails_to_build_is_told_where_answers_we
      "data_source 'qa': file_keys must be a tuple of non-empty strings, got 'question'"),
     (lambda: RewardScorerSpec(name="r", summary="s", source="s", factory="m:f", auto_labels="no_colon"),
      "reward 'r': auto_labels must be 'package.module:predicate', got 'no_colon'"),
+    (lambda: RewardScorerSpec(name="r", summary="s", source="s", factory="m:f", fixes="--one-fix"),
+     "reward 'r': fixes must be a tuple of non-empty strings, got '--one-fix'"),
+    (lambda: RewardScorerSpec(name="r", summary="s", source="s", factory="m:f", suggest=("--reward r",)),
+     "reward 'r': suggest must be a string, got ('--reward r',)"),
 ])
 def test_malformed_spec_is_refused(registry_with, spec, error):
     reg = registry_with(("bad", make_plugin(spec())))
