@@ -128,7 +128,7 @@ class RunConfig:
     lora_rank: int = opt(0, "LoRA rank r: train low-rank adapters W + (α/r)·B·A on --lora-target-modules instead of every weight (0 = full fine-tuning).", ge=0, group="lora")
     lora_alpha: float = opt(16.0, "LoRA α: the adapter's output is scaled by α/r.", gt=0, group="lora")
     lora_dropout: float = opt(0.0, "Dropout on the adapter's input, in the training forward only (the old-log-prob and rollout forwards have none).", ge=0, group="lora")
-    lora_target_modules: tuple[str, ...] = opt((), "Module name to adapt (repeatable; the last part of the name, e.g. q_proj). Default per architecture: attention and MLP projections for Llama/SmolLM2 and Qwen3, attention projections for Qwen3-MoE.", repeat=True, group="lora")
+    lora_target_modules: tuple[str, ...] = opt((), "Module name to adapt (repeatable; the last part of the name, e.g. q_proj). Default: the training backend's, per architecture (`relax plugins show torch`: attention and MLP projections for Llama/SmolLM2 and Qwen3, attention projections for Qwen3-MoE).", repeat=True, group="lora")
 
     # ---- rollout
     rollout_temperature: float = opt(0.7, "Sampling temperature.", ge=0, group="rollout")

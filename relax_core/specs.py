@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Literal
 
@@ -337,6 +338,13 @@ class BackendCapabilities:
     """Trains LoRA adapters (``--lora-rank > 0``, :mod:`relax_core.run.lora`): only the adapters
     are optimised and checkpointed, ``engine_state_dict`` gives the merged weights under the
     base model's names, and the ``ref`` role is the base model with the adapter disabled."""
+    lora_default_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """The modules it adapts when ``--lora-target-modules`` is not given, by Hugging Face
+    ``model_type`` (e.g. ``{"llama": ("q_proj", "k_proj", ...)}``); a LoRA run on a model type
+    without an entry must name its modules."""
+    lora_excluded_modules: frozenset[str] = frozenset()
+    """Module names that cannot carry an adapter in this backend (e.g. the embeddings, when the
+    log-probs read the output embedding's weight directly); refused in ``--lora-target-modules``."""
     requires: frozenset[str] = frozenset()
     """Conditions of declared capabilities, as ``"<capability field>:<requirement>"``; a
     requirement is ``cuda`` (a CUDA device) or the name of a module that must be importable,

@@ -10,6 +10,7 @@ startup validator (:mod:`relax_core.host.validation`), ``relax capabilities`` an
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -40,6 +41,7 @@ class Context:
     processors: tuple[Selected, ...] = ()
     sampler: Selected | None = None
     model_is_moe: bool | None = None  # None = not known before loading
+    model_type: str | None = None  # the model's Hugging Face ``model_type``; None = not known before loading
     environment: Selected | None = None
 
     @property
@@ -278,6 +280,14 @@ def _engine_context(ctx: Context, c: Any) -> str | None:
             f"'{env}' grow with every turn and {bound}")
 
 
+def _lora_defaults(ctx: Context, c: Any) -> str | None:
+    cfg, mt = ctx.cfg, ctx.model_type
+    if cfg.lora_rank == 0 or cfg.lora_target_modules or not c.supports_lora or mt is None or mt in c.lora_default_targets:
+        return None
+    return (f"has no default --lora-target-modules for model type {mt!r} (defaults exist for "
+            f"{', '.join(sorted(c.lora_default_targets)) or 'none'})")
+
+
 E, C, G, B, P, S, V = "estimator", "correction", "engine", "backend", "reward_processor", "sampler", "environment"
 
 CAPABILITIES: tuple[Capability, ...] = (
@@ -433,6 +443,12 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(B, "supports_lora", "LoRA", "Trains LoRA adapters (--lora-rank > 0): adapters optimised and checkpointed, merged weights to the engine, reference = adapter disabled.",
                lambda ctx, c: f"cannot train LoRA adapters, but --lora-rank is {ctx.cfg.lora_rank}" if ctx.cfg.lora_rank > 0 and not c.supports_lora else None,
                "use --train-backend torch for LoRA, or --lora-rank 0 (full fine-tuning)"),
+    Capability(B, "lora_default_targets", "LoRA defaults", "The modules it adapts without --lora-target-modules, by model type.",
+               _lora_defaults, "name the linear layers to adapt, e.g. --lora-target-modules q_proj --lora-target-modules v_proj",
+               matrix=False),
+    Capability(B, "lora_excluded_modules", "LoRA excluded", "Modules that cannot carry an adapter in this backend.",
+               lambda ctx, c: f"cannot put an adapter on {', '.join(bad)}" if ctx.cfg.lora_rank > 0 and (bad := sorted(set(ctx.cfg.lora_target_modules) & c.lora_excluded_modules)) else None,
+               "target other layers (e.g. the decoder blocks' linear layers: q_proj, v_proj, ...)", matrix=False),
     Capability(B, "requires", "needs", "Conditions of its capabilities (`capability:cuda` needs a CUDA device, `capability:module` that module); checked by the rows above."),
     # ---------------------------------------------------------------- reward processors
     Capability(P, "allowed_with_strict_estimators", "keeps raw signal", "May be combined with estimators that forbid post-processors."),
@@ -471,6 +487,8 @@ def matrix_kinds() -> list[str]:
 def format_value(v: Any) -> str:
     if isinstance(v, bool):
         return "yes" if v else "—"
+    if isinstance(v, Mapping):
+        return "; ".join(f"{k}: {format_value(x)}" for k, x in sorted(v.items())) or "—"
     if isinstance(v, (frozenset, set, tuple, list)):
         return ", ".join(sorted(map(str, v))) or "—"
     if v is None:

@@ -53,17 +53,22 @@ class Resolved:
     """Capability rows declared ``warn`` that this run violates (printed, not refused)."""
 
 
+def model_config(model: str) -> dict | None:
+    """``--model``'s ``config.json`` (no weights; the default model's ``model_type``), or
+    ``None`` when it cannot be read before loading (hub names)."""
+    if model == DEFAULT_MODEL:
+        return {"model_type": "llama"}  # SmolLM2
+    try:
+        return json.loads((Path(model).expanduser() / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def model_is_moe(model: str) -> bool | None:
     """Whether ``--model`` is a mixture-of-experts model, from its config.json only
     (no weights).  ``None`` when it cannot be told without loading (hub names)."""
-    if model == DEFAULT_MODEL:
-        return False
-    cfg_path = Path(model).expanduser() / "config.json"
-    if not cfg_path.is_file():
-        return None
-    try:
-        c = json.loads(cfg_path.read_text())
-    except (OSError, json.JSONDecodeError):
+    c = model_config(model)
+    if c is None:
         return None
     keys = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
     return any(int(c.get(k) or 0) > 1 for k in keys)
@@ -276,7 +281,7 @@ def resolve(cfg: RunConfig, reg: Registry) -> tuple[Resolved, list[Problem]]:
                                 "--teacher-model"))
     ctx = Context(cfg=cfg, estimator=est, corrections=tuple(corrections), engine=engine, backend=backend,
                   processors=tuple(processors), sampler=sampler, model_is_moe=model_is_moe(cfg.model),
-                  environment=env)
+                  model_type=(model_config(cfg.model) or {}).get("model_type"), environment=env)
     warnings: list[Problem] = []
 
     for cap in CAPABILITIES:

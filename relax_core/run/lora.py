@@ -1,5 +1,5 @@
-"""LoRA runs: the default target modules, the startup checks, and the check that the
-adapter reached the rollout engine.
+"""LoRA runs: the startup checks of the LoRA options, and the check that the adapter
+reached the rollout engine.
 
 LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models", arXiv
 2106.09685, eq. 3) trains, for each adapted linear layer ``W`` (``d_out × d_in``, frozen),
@@ -8,7 +8,8 @@ LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models", arXi
 layers are ``peft``'s (a backend declaring ``supports_lora``; the torch backend's
 :mod:`relax_torch.lora`).  The engine receives the merged weights ``W + (α/r) · B A`` under
 the base model's names; the reference model of a KL term is the same model with the adapter
-disabled, i.e. the base model.
+disabled, i.e. the base model.  Which modules are adapted by default, per architecture, is
+the backend's declaration (``BackendCapabilities.lora_default_targets``).
 
 Nothing here imports torch at import time (it is read by startup validation).
 """
@@ -16,61 +17,14 @@ Nothing here imports torch at import time (it is read by startup validation).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from pathlib import Path
 from typing import Any, Callable
-
-from relax_core.config import DEFAULT_MODEL
-
-#: Projections of the decoder's attention and MLP blocks, by Hugging Face ``model_type``.
-#: Dense models: every attention and MLP projection (Hu et al. §7.1 adapt attention only;
-#: QLoRA, Dettmers et al. 2023, arXiv 2305.14314 §4, finds all linear layers needed to match
-#: full fine-tuning).  Mixture-of-experts models: the attention projections only (the
-#: experts are fused 3-D parameters in transformers 5, not linear layers; the router is
-#: left alone so routing stays the base model's).
-_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
-_DENSE = (*_ATTENTION, "gate_proj", "up_proj", "down_proj")
-DEFAULT_TARGET_MODULES: dict[str, tuple[str, ...]] = {
-    "llama": _DENSE,  # SmolLM2 (the default model)
-    "qwen2": _DENSE,
-    "qwen3": _DENSE,
-    "qwen3_moe": _ATTENTION,
-}
-#: Modules a LoRA adapter may not target: the log-probs are computed from the output
-#: embedding's weight directly (chunked log-softmax), and it is tied to the input embedding.
-EMBEDDINGS = ("lm_head", "embed_tokens")
-
-
-def model_type(model: str) -> str | None:
-    """The Hugging Face ``model_type`` of ``--model`` from its ``config.json`` (no weights),
-    ``"llama"`` for the default model; ``None`` when it cannot be read before loading."""
-    if model == DEFAULT_MODEL:
-        return "llama"
-    try:
-        return json.loads((Path(model).expanduser() / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError):
-        return None
-
-
-def target_modules(cfg: Any, model_type_: str | None) -> tuple[str, ...]:
-    """``--lora-target-modules``, or the default of ``model_type_``.
-
-    Raises:
-        ValueError: no modules given and no default for this architecture.
-    """
-    if cfg.lora_target_modules:
-        return tuple(cfg.lora_target_modules)
-    if model_type_ not in DEFAULT_TARGET_MODULES:
-        raise ValueError(f"--lora-rank: no default --lora-target-modules for model type {model_type_!r} "
-                         f"(defaults exist for {', '.join(sorted(DEFAULT_TARGET_MODULES))}); "
-                         "name the linear layers to adapt, e.g. --lora-target-modules q_proj --lora-target-modules v_proj")
-    return DEFAULT_TARGET_MODULES[model_type_]
 
 
 def lora_problems(cfg: Any) -> list[tuple[str, str, str]]:
     """Startup problems of the LoRA options, as ``(flag, message, fix)``; every one listed.
-    (Whether the backend can train adapters is the capability row ``supports_lora``.)"""
+    (What the backend can adapt is its capability rows ``supports_lora``,
+    ``lora_default_targets`` and ``lora_excluded_modules``.)"""
     out = []
     if cfg.lora_rank == 0:
         defaults = {f.name: f.default for f in dataclasses.fields(type(cfg))}
@@ -88,15 +42,6 @@ def lora_problems(cfg: Any) -> list[tuple[str, str, str]]:
     if cfg.fully_async:
         out.append(("--fully-async", "LoRA with --fully-async is not supported yet (the check that the adapter "
                     "reached the engine runs between synchronous steps)", "drop --fully-async, or --lora-rank"))
-    if bad := sorted(set(cfg.lora_target_modules) & set(EMBEDDINGS)):
-        out.append(("--lora-target-modules", f"{', '.join(bad)}: the embeddings cannot carry an adapter (the "
-                    "log-probs read the output embedding's weight, which is tied to the input embedding)",
-                    "target linear layers of the decoder blocks (q_proj, v_proj, ...)"))
-    mt = model_type(cfg.model)
-    if not cfg.lora_target_modules and mt is not None and mt not in DEFAULT_TARGET_MODULES:
-        out.append(("--lora-target-modules", f"no default --lora-target-modules for model type {mt!r} (defaults "
-                    f"exist for {', '.join(sorted(DEFAULT_TARGET_MODULES))})",
-                    "name the linear layers to adapt, e.g. --lora-target-modules q_proj --lora-target-modules v_proj"))
     return out
 
 

@@ -25,21 +25,33 @@ def test_a_backend_without_lora_is_refused_with_every_other_lora_problem(tmp_pat
     assert "backend 'megatron' (relax-megatron " in out and "[supports_lora]: megatron cannot train LoRA adapters, " \
         "but --lora-rank is 8" in out and "fix: use --train-backend torch for LoRA, or --lora-rank 0" in out
     assert "[--ref-load]: with --lora-rank the reference model is the base model" in out
-    assert "[--lora-target-modules]: lm_head: the embeddings cannot carry an adapter" in out
     assert "[--lora-dropout]: --lora-dropout 1.0 drops every adapter input" in out
     assert runner.invoke(app, ["train", "--dry-run", "--lora-rank", "8"]).exit_code == 0  # torch: valid
 
 
-def test_lora_options_without_a_rank_are_refused_and_an_unknown_architecture_needs_modules(tmp_path):
+def test_lora_options_without_a_rank_are_refused():
     [(flag, msg, _)] = lora_problems(RunConfig(lora_alpha=32.0, save_hf_merged=True))
     assert flag == "--lora-rank" and msg.startswith("--lora-alpha, --save-hf-merged set without --lora-rank")
     assert lora_problems(RunConfig()) == []
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    [(flag, msg, _)] = lora_problems(RunConfig(model=str(tmp_path), lora_rank=4))
-    assert flag == "--lora-target-modules" and "no default --lora-target-modules for model type 'gpt2'" in msg
-    assert lora_problems(RunConfig(model=str(tmp_path), lora_rank=4, lora_target_modules=("c_attn",))) == []
     [(flag, _, _)] = lora_problems(RunConfig(lora_rank=4, launcher="ray", fully_async=True))
     assert flag == "--fully-async"
+
+
+def test_the_backend_declares_what_it_can_adapt(tmp_path):
+    """The torch backend's capability rows: an architecture without a default needs modules,
+    the embeddings cannot carry an adapter (both listed in one refusal)."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    r = runner.invoke(app, ["train", "--dry-run", "--model", str(tmp_path), "--lora-rank", "4"])
+    assert r.exit_code == 2
+    assert "[lora_default_targets]: torch has no default --lora-target-modules for model type 'gpt2' (defaults " \
+        "exist for llama, qwen2, qwen3, qwen3_moe)" in r.output and "fix: name the linear layers to adapt" in r.output
+    r = runner.invoke(app, ["train", "--dry-run", "--model", str(tmp_path), "--lora-rank", "4",
+                            "--lora-target-modules", "c_attn", "--lora-target-modules", "lm_head"])
+    assert r.exit_code == 2 and "lora_default_targets" not in r.output
+    assert "[lora_excluded_modules]: torch cannot put an adapter on lm_head" in r.output
+    r = runner.invoke(app, ["train", "--dry-run", "--model", str(tmp_path), "--lora-rank", "4",
+                            "--lora-target-modules", "c_attn"])
+    assert r.exit_code == 0, r.output
 
 
 class FakeEngine:

@@ -20,9 +20,24 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from relax_core.run.lora import EMBEDDINGS, target_modules
+from relax_torch.plugin import DEFAULT_TARGET_MODULES, EMBEDDINGS
 
 ADAPTER = "default"  # peft's adapter name
+
+def target_modules(cfg: Any, model_type: str | None) -> tuple[str, ...]:
+    """``--lora-target-modules``, or the default of ``model_type`` (:data:`DEFAULT_TARGET_MODULES`).
+
+    Raises:
+        ValueError: no modules given and no default for this architecture (startup
+            validation refuses it first where the model type can be read from config.json).
+    """
+    if cfg.lora_target_modules:
+        return tuple(cfg.lora_target_modules)
+    if model_type not in DEFAULT_TARGET_MODULES:
+        raise ValueError(f"--lora-rank: no default --lora-target-modules for model type {model_type!r} "
+                         f"(defaults exist for {', '.join(sorted(DEFAULT_TARGET_MODULES))}); "
+                         "name the linear layers to adapt, e.g. --lora-target-modules q_proj --lora-target-modules v_proj")
+    return DEFAULT_TARGET_MODULES[model_type]
 
 
 def add_adapter(model: nn.Module, cfg: Any) -> Any:

@@ -4,6 +4,27 @@ from dataclasses import dataclass
 
 from relax_core import BackendCapabilities, BackendSpec, hookimpl, param
 
+#: The LoRA target modules by Hugging Face ``model_type`` (the capability
+#: ``lora_default_targets``; :mod:`relax_torch.lora`): projections of the decoder's attention
+#: and MLP blocks.  Dense models: every attention and MLP projection (Hu et al. §7.1 adapt
+#: attention only; QLoRA, Dettmers et al. 2023, arXiv 2305.14314 §4, finds all linear layers
+#: needed to match full fine-tuning).
+#: Mixture-of-experts models: the attention projections only (the experts are fused 3-D
+#: parameters in transformers 5, not linear layers; the router is left alone so routing
+#: stays the base model's).
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+_DENSE = (*_ATTENTION, "gate_proj", "up_proj", "down_proj")
+DEFAULT_TARGET_MODULES: dict[str, tuple[str, ...]] = {
+    "llama": _DENSE,  # SmolLM2 (the default model)
+    "qwen2": _DENSE,
+    "qwen3": _DENSE,
+    "qwen3_moe": _ATTENTION,
+}
+#: Modules an adapter may not target (the capability ``lora_excluded_modules``): the
+#: log-probs are computed from the output embedding's weight directly (chunked
+#: log-softmax, :mod:`relax_torch.logprobs`), and it is tied to the input embedding.
+EMBEDDINGS = frozenset({"lm_head", "embed_tokens"})
+
 
 @dataclass(frozen=True)
 class TorchBackendParams:
@@ -47,5 +68,7 @@ def relax_register_train_backends():
             supports_gradient_checkpointing=True,
             supports_shared_prefix=True,
             supports_lora=True,
+            lora_default_targets=DEFAULT_TARGET_MODULES,
+            lora_excluded_modules=EMBEDDINGS,
         ),
     )]
