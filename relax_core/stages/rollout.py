@@ -376,11 +376,13 @@ class Rollout:
 
     def evaluate(self, eval_data: Dataset, step: int) -> dict[str, float]:
         """``eval/<name>/reward_mean``, ``eval/<name>/pass@1`` (the mean accuracy, an
-        unbiased pass@1) and ``eval/<name>/response_len/mean`` on the first
+        unbiased pass@1), its standard error over prompts ``eval/<name>/pass@1_se`` (with
+        two prompts or more) and ``eval/<name>/response_len/mean`` on the first
         ``--eval-max-prompts`` evaluation prompts, ``--n-samples-per-eval-prompt`` each,
         with a fixed seed (comparable across steps) and the evaluation's own sampling
-        (``--eval-temperature``, ``--eval-top-p``, ``--eval-max-response-len``, each
-        defaulting to its ``--rollout-*`` counterpart); the metrics of
+        (``--eval-temperature``, greedy by default, ``--eval-top-p`` and
+        ``--eval-max-response-len``, each defaulting to its ``--rollout-*`` counterpart when
+        unset); the metrics of
         :func:`relax_core.evaluation.metrics.sample_metrics`, as ``relax eval`` computes them."""
         cfg = self.cfg
         idx = list(range(min(len(eval_data), cfg.eval_max_prompts)))
@@ -396,10 +398,11 @@ class Rollout:
         m = sample_metrics(self.score(batch)[0].rewards.view(shape), batch.response_lengths.view(shape),
                            batch.truncated.view(shape))
         name = f"eval/{eval_data.name}"
-        return {f"{name}/reward_mean": m["reward_mean"].mean,
-                f"{name}/pass@1": m["accuracy"].mean,
-                f"{name}/response_len/mean": m["response_len"].mean,
-                "perf/eval_time": time.monotonic() - t0}
+        out = {f"{name}/reward_mean": m["reward_mean"].mean, f"{name}/pass@1": m["accuracy"].mean,
+               f"{name}/response_len/mean": m["response_len"].mean, "perf/eval_time": time.monotonic() - t0}
+        if len(idx) > 1:
+            out[f"{name}/pass@1_se"] = m["accuracy"].se
+        return out
 
 
 class SyncSource:

@@ -33,16 +33,17 @@ def _checked(**kw):
 
 
 def test_the_default_evaluation_prompts_never_occur_in_training(tmp_path):
-    """The generator has 200 distinct problems (sums of two one-digit terms); the 64
-    evaluation rows hold 55 of them, and the 571 of the 2000 training rows that repeat one
-    of those are left out: 1429 rows over the other 145 problems."""
+    """Sums and differences of two terms of one or two digits: the 300 evaluation rows hold
+    255 distinct problems (the one-digit pairs, 200 problems in all, recur often), and the
+    540 of the 2000 training rows that repeat one of those are left out: 1460 rows over
+    1058 other problems."""
     a, b = _checked(output_dir=str(tmp_path)), _checked(output_dir=str(tmp_path))
     train, ev = a.train_data, a.eval_data
     held = {r["prompt"] for r in ev.rows}
-    assert len(ev) == 64 and len(held) == 55
+    assert len(ev) == 300 and len(held) == 255
     assert not held & {r["prompt"] for r in train.rows}
-    assert (len(train), train.held_out, len({r["prompt"] for r in train.rows})) == (1429, 571, 145)
-    assert a.notes == ["571 of 2000 training rows left out: their prompt is an evaluation prompt "
+    assert (len(train), train.held_out, len({r["prompt"] for r in train.rows})) == (1460, 540, 1058)
+    assert a.notes == ["540 of 2000 training rows left out: their prompt is an evaluation prompt "
                        "(--no-exclude-eval-prompts keeps them)"]
     assert train.fingerprint == b.train_data.fingerprint  # the same rows on every start
     kept = _checked(output_dir=str(tmp_path), exclude_eval_prompts=False)

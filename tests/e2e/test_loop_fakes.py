@@ -397,7 +397,8 @@ def test_the_async_source_checkpoints_the_cursor_of_the_last_batch_trained(tmp_p
 
 def test_evaluation_samples_with_its_own_settings(tmp_path, monkeypatch):
     """--eval-temperature / --eval-top-p / --eval-max-response-len apply to the evaluation
-    only; unset, each is its --rollout-* counterpart (issue 23 §1)."""
+    only; unset (None), each is its --rollout-* counterpart (issue 23 §1); by default the
+    evaluation is one greedy sample per prompt."""
     seen = []
 
     def spying(tr):
@@ -416,9 +417,34 @@ def test_evaluation_samples_with_its_own_settings(tmp_path, monkeypatch):
     tr.source.rollout.produce(1)  # a training batch
     assert seen == [(0.0, 0.5, 3, 2), (0.9, 0.8, 6, 4)]
     seen.clear()
-    tr = spying(make_trainer(tmp_path / "b", rollout_temperature=0.9, rollout_top_p=0.8)[0])
+    tr = spying(make_trainer(tmp_path / "b", rollout_temperature=0.9, rollout_top_p=0.8, eval_temperature=None,
+                             n_samples_per_eval_prompt=2)[0])
     tr.source.rollout.evaluate(tr.source.rollout.data, 0)
     assert seen == [(0.9, 0.8, 6, 2)]
+    seen.clear()
+    tr = spying(make_trainer(tmp_path / "c", rollout_temperature=0.9, rollout_top_p=0.8)[0])
+    tr.source.rollout.evaluate(tr.source.rollout.data, 0)
+    assert seen == [(0.0, 0.8, 6, 1)]  # the defaults: one greedy sample per prompt
+
+
+def test_evaluation_reports_pass_at_1_with_its_standard_error_over_prompts(tmp_path, monkeypatch):
+    """Per-prompt accuracies [1, 0.5, 0, 0] (2 samples each): pass@1 = 0.375 and
+    se = s / sqrt(4) with s² = (0.625² + 0.125² + 2 · 0.375²) / 3 = 0.6875 / 3 (hand-derived);
+    one prompt gives no standard error."""
+    tr = make_trainer(tmp_path, n_samples_per_eval_prompt=2, eval_temperature=0.5, eval_max_prompts=4)[0]
+    rollout = tr.source.rollout
+    real = rollout.score
+
+    def fixed(batch):
+        scored, metrics = real(batch)
+        return scored.replace(rewards=torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0])), metrics
+
+    monkeypatch.setattr(rollout, "score", fixed)
+    m = rollout.evaluate(rollout.data, 0)
+    assert m["eval/train/pass@1"] == pytest.approx(0.375)
+    assert m["eval/train/pass@1_se"] == pytest.approx(math.sqrt(0.6875 / 3) / 2)
+    one = make_trainer(tmp_path / "one", eval_max_prompts=1)[0].source.rollout
+    assert "eval/train/pass@1_se" not in one.evaluate(one.data, 0)
 
 
 def test_an_environments_turn_scoring_counts_reach_the_step_metrics(tmp_path, monkeypatch):
