@@ -44,9 +44,9 @@ seconds per side (mean and spread over seeds, and every run), the time each side
 reaches TRL's best mean accuracy and the ratio, and where Relax's time goes (sums of its
 ``metrics.jsonl`` ``perf/*`` and the rest of the wall time: start-up, checkpoint saves, exit).
 
-The full race (SmolLM2-135M-Instruct, 20 steps, checkpoints every 2, 64 held-out prompts,
-3 seeds per side) is some 2 hours on an idle 2-core machine, most of it the ~70 evaluations
-(about a minute each); on a shared machine the wall-clock figures mean little: run it alone.
+The full race (SmolLM2-135M-Instruct, 20 steps, checkpoints every 2, the 300 held-out prompts
+of the default evaluation set, 3 seeds per side) is some 2–3 hours on an idle 2-core machine, most of it
+the ~70 evaluations (about 40 s each); on a shared machine the wall-clock figures mean little: run it alone.
 """
 
 from __future__ import annotations

@@ -32,6 +32,12 @@ DEFAULT_DATA = "rg:chain_sum?size=2000&seed=42&min_terms=2&max_terms=2&min_digit
 #: (``--exclude-eval-prompts``), so the evaluation is held out.  300 prompts: the standard
 #: error of a greedy pass@1 near 40 % is 2.8 points.
 DEFAULT_EVAL_DATA = "rg:chain_sum?size=300&seed=100000&min_terms=2&max_terms=2&min_digits=1&max_digits=2"
+#: Earlier default tasks -> their evaluation prompts, so that ``--eval-data auto`` of a run
+#: started with one (its saved ``config.json``) keeps its evaluation and its left-out training
+#: rows on ``--resume`` and in ``relax eval`` (the default until 4 December 2026).
+EARLIER_DEFAULT_EVAL_DATA = {
+    "rg:chain_sum?size=2000&seed=42&min_terms=2&max_terms=2&min_digits=1&max_digits=1":
+        "rg:chain_sum?size=64&seed=7&min_terms=2&max_terms=2&min_digits=1&max_digits=1"}
 REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 
@@ -205,12 +211,13 @@ class RunConfig:
     @property
     def eval_source(self) -> str | None:
         """The evaluation data this run uses: ``--eval-data``, or for ``auto`` the default
-        task's evaluation prompts when ``--data`` is the default; ``None`` for no
+        task's evaluation prompts when ``--data`` is the default (or an earlier default,
+        :data:`EARLIER_DEFAULT_EVAL_DATA`); ``None`` for no
         evaluation (also when ``--eval-interval`` is 0)."""
         if not self.eval_interval or self.eval_data in (None, "none"):
             return None
         if self.eval_data == "auto":
-            return DEFAULT_EVAL_DATA if self.data == DEFAULT_DATA else None
+            return DEFAULT_EVAL_DATA if self.data == DEFAULT_DATA else EARLIER_DEFAULT_EVAL_DATA.get(self.data)
         return named_source(self.eval_data)[1]
 
     @property

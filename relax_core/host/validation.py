@@ -187,6 +187,10 @@ def _run_problems(cfg: RunConfig) -> list[Problem]:
         out.append(Problem("config", "--model", f"model path {m} not found", "give a local Hugging Face model directory, or the default smollm2-135m-instruct"))
     if cfg.load_debug_rollout_data and not Path(cfg.load_debug_rollout_data).is_dir():
         out.append(Problem("config", "--load-debug-rollout-data", f"{cfg.load_debug_rollout_data} is not a directory", "give the DIR written by --save-debug-rollout-data"))
+    if cfg.eval_source and cfg.n_samples_per_eval_prompt > 1 and cfg.eval_temperature == 0:
+        out.append(Problem("config", "--n-samples-per-eval-prompt",
+                           f"{cfg.n_samples_per_eval_prompt} samples per evaluation prompt at --eval-temperature 0 "
+                           "are the same greedy response", "set --eval-temperature above 0 (e.g. 0.7), or 1 sample"))
     if cfg.use_kl_loss and cfg.kl_loss_coef == 0:
         out.append(Problem("config", "--use-kl-loss", "--use-kl-loss with --kl-loss-coef 0 adds nothing", "set --kl-loss-coef > 0"))
     if cfg.fully_async and cfg.launcher != "ray":

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from relax_core.batch import Batch
+from relax_core.batch import TOP_K_HEAD, Batch
 from relax_core.contracts import RewardBatch, SamplingParams
 from relax_core.data import Dataset, encode_prompts
 from relax_core.environments import EPISODE_ENDS, FAULT_ENDS
@@ -382,7 +382,7 @@ class Rollout:
         with a fixed seed (comparable across steps) and the evaluation's own sampling
         (``--eval-temperature``, greedy by default, ``--eval-top-p`` and
         ``--eval-max-response-len``, each defaulting to its ``--rollout-*`` counterpart when
-        unset); the metrics of
+        unset; without the top-k head a correction may ask of training rollouts); the metrics of
         :func:`relax_core.evaluation.metrics.sample_metrics`, as ``relax eval`` computes them."""
         cfg = self.cfg
         idx = list(range(min(len(eval_data), cfg.eval_max_prompts)))
@@ -391,7 +391,8 @@ class Rollout:
         sampling = dataclasses.replace(
             train, temperature=train.temperature if cfg.eval_temperature is None else cfg.eval_temperature,
             top_p=train.top_p if cfg.eval_top_p is None else cfg.eval_top_p,
-            max_new_tokens=cfg.eval_max_response_len or train.max_new_tokens)
+            max_new_tokens=cfg.eval_max_response_len or train.max_new_tokens,
+            fields=train.fields - TOP_K_HEAD, top_k_width=0)  # scoring needs no top-k head (none exists greedily)
         batch = self.generate(eval_data.rows, idx, cfg.n_samples_per_eval_prompt, sampling, 0)
         n = self.cfg.n_samples_per_eval_prompt
         shape = (len(idx), n)  # generate() repeats each prompt n times in a row

@@ -200,3 +200,14 @@ def test_fully_async_staleness_bound_must_cover_the_weight_update_interval(regis
     assert p.fix == "use --max-staleness 2 or more, or a smaller --update-weights-interval"
     for ok in (dict(max_staleness=2, update_weights_interval=3), dict(max_staleness=0, update_weights_interval=1)):
         assert not [p for p in _problems(reg, launcher="ray", fully_async=True, **ok) if p.component == "config"]
+
+
+def test_several_greedy_samples_per_evaluation_prompt_are_refused(registry_with):
+    """At --eval-temperature 0 (the default) every sample of a prompt is the same greedy
+    response: asking for more than one is refused, with the fix; sampled, it is fine."""
+    reg = registry_with(TOY)
+    [p] = _problems(reg, n_samples_per_eval_prompt=4)
+    assert p.constraint == "--n-samples-per-eval-prompt" and "same greedy response" in p.message
+    assert "--eval-temperature above 0" in p.fix
+    assert _problems(reg, n_samples_per_eval_prompt=4, eval_temperature=0.7) == []
+    assert _problems(reg, n_samples_per_eval_prompt=4, eval_data="none") == []

@@ -22,6 +22,9 @@ def test_eval_source_follows_the_default_task():
     assert RunConfig(eval_interval=0).eval_source is None
     assert RunConfig(data="mine.jsonl", eval_data="test.jsonl").eval_source == "test.jsonl"
     assert DEFAULT_EVAL_DATA.split("?")[0] == DEFAULT_DATA.split("?")[0]
+    # a run saved with the earlier default task keeps its evaluation set (resume, relax eval)
+    old = "rg:chain_sum?size=2000&seed=42&min_terms=2&max_terms=2&min_digits=1&max_digits=1"
+    assert RunConfig(data=old).eval_source == "rg:chain_sum?size=64&seed=7&min_terms=2&max_terms=2&min_digits=1&max_digits=1"
 
 
 def _checked(**kw):

@@ -427,6 +427,23 @@ def test_evaluation_samples_with_its_own_settings(tmp_path, monkeypatch):
     assert seen == [(0.0, 0.8, 6, 1)]  # the defaults: one greedy sample per prompt
 
 
+def test_evaluation_asks_no_top_k_head_so_greedy_evaluation_works_with_score_centering(tmp_path, monkeypatch):
+    """A correction that needs the top-k head (score_centering) asks it of training rollouts;
+    the evaluation (greedy by default, where engines refuse a top-k head) asks none."""
+    from relax_core.batch import TOP_K_HEAD
+
+    tr = make_trainer(tmp_path)[0]
+    rollout = tr.source.rollout
+    rollout.c.rollout_fields, rollout.c.top_k = TOP_K_HEAD | {"routed_experts"}, 3
+    seen = []
+    monkeypatch.setattr(rollout, "generate", lambda rows, idx, n, sampling, off: seen.append(sampling) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        rollout.evaluate(rollout.data, 0)
+    (ev,) = seen
+    assert ev.temperature == 0.0 and ev.return_top_k == 0 and ev.fields == {"routed_experts"}
+    assert rollout.sampling(0).return_top_k == 3  # training rollouts still get it
+
+
 def test_evaluation_reports_pass_at_1_with_its_standard_error_over_prompts(tmp_path, monkeypatch):
     """Per-prompt accuracies [1, 0.5, 0, 0] (2 samples each): pass@1 = 0.375 and
     se = s / sqrt(4) with s² = (0.625² + 0.125² + 2 · 0.375²) / 3 = 0.6875 / 3 (hand-derived);
