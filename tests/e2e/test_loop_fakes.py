@@ -238,12 +238,13 @@ def test_sigint_finishes_the_step_saves_and_exits_cleanly(tmp_path):
             os.kill(os.getpid(), signal.SIGINT)
         return count_sevens(responses, labels, metadata, prompts)
 
+    before = signal.getsignal(signal.SIGINT)  # default_int_handler, unless an earlier test in this process changed it
     tr, _ = make_trainer(tmp_path, num_rollout=5)
     tr.c.score = score
     assert tr.run() == EXIT_INTERRUPTED
     assert [r["step"] for r in read_metrics(tmp_path / "runs" / "r")] == [1, 2]
     assert (tmp_path / "runs" / "r" / "checkpoints" / "latest").read_text() == "step_000002"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    assert signal.getsignal(signal.SIGINT) is before  # the run's handler is removed again
     again, _ = make_trainer(tmp_path, num_rollout=3, resume=True)
     assert again.run() == EXIT_OK
     assert [r["step"] for r in read_metrics(tmp_path / "runs" / "r")] == [1, 2, 3]
