@@ -36,7 +36,7 @@ from relax_core.reporting.metrics import MetricsLogger, non_finite, rewrite_metr
 from relax_core.run import checkpoint as ckpt
 from relax_core.run.components import Components
 from relax_core.run.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED
-from relax_core.run.interrupts import RunAborted
+from relax_core.run.interrupts import RunAborted, restore_sigint
 from relax_core.stages.loss import ActorLoss, CriticLoss, LossSettings, global_denominators
 from relax_core.stages.optimizer import OptimizerSettings, optimizer_step
 from relax_core.stages.rollout import AsyncSource, Publisher, Rollout, SyncSource, sample_records
@@ -251,9 +251,9 @@ class Trainer:
         if cfg.resume:
             self.log.message(f"resumed from step {self.state.step}" if resumed else "no checkpoint found; starting fresh")
         try:  # only the main thread may handle signals
-            previous = signal.signal(signal.SIGINT, self._on_sigint)
+            previous, installed = signal.signal(signal.SIGINT, self._on_sigint), True
         except ValueError:
-            previous = None
+            previous, installed = None, False
         try:
             if self.eval_data is not None and cfg.eval_interval and self.state.step == 0:
                 self._record(0, self.evaluate(0))
@@ -288,8 +288,8 @@ class Trainer:
                 self.log.message(f"final model (Hugging Face format): {final}")
         finally:
             self.source.close()
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            if installed:
+                restore_sigint(previous)
             self.log.close()
         return EXIT_OK
 

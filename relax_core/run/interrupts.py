@@ -38,10 +38,18 @@ def spawn_worker(ctx: Any, target: Callable[..., None], args: tuple, name: str) 
     try:
         p.start()
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        if main:
+            restore_sigint(previous)
     child.close()
     return p, parent
+
+
+def restore_sigint(previous: Any) -> None:
+    """Put back the SIGINT handler ``previous`` that ``signal.signal`` returned.  ``None``
+    (a handler installed outside Python, which Python cannot reinstall) becomes Python's
+    own, :func:`signal.default_int_handler`: leaving the temporary handler in place would
+    make every later Ctrl-C of the process do nothing.  Main thread only."""
+    signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
 
 
 def killed_while_starting(process: Any) -> bool:
