@@ -32,7 +32,7 @@ from typing import Any
 from relax_core.batch import Batch
 from relax_core.contracts import AdvantageInput
 from relax_core.numerics import masked_normalize
-from relax_core.reporting.metrics import MetricsLogger, non_finite, rewrite_metrics
+from relax_core.reporting.metrics import MetricsLogger, non_finite, peak_rss_gib, rewrite_metrics
 from relax_core.run import checkpoint as ckpt
 from relax_core.run.components import Components
 from relax_core.run.exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_SKIPPED
@@ -294,6 +294,7 @@ class Trainer:
         return EXIT_OK
 
     def _record(self, step: int, metrics: dict[str, float]) -> None:
+        metrics["perf/peak_rss_gib"] = peak_rss_gib()  # after the step's evaluation too
         self.state.history.append({"step": step, **{k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                                                     for k, v in metrics.items()}})
         self.log.log(step, metrics)

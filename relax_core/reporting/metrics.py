@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,23 @@ def _clean(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     return v
+
+
+def peak_rss_gib() -> float:
+    """The process's peak resident set size so far, in GiB (2**30 bytes).
+
+    On Linux ``VmHWM`` of ``/proc/self/status`` (proc(5)): the high-water mark of this
+    process image.  ``getrusage``'s ``ru_maxrss`` is the fallback elsewhere (KiB, bytes on
+    macOS; see getrusage(2)); on Linux it is not used because it survives ``execve``, so a
+    trainer started by a large process (a test runner, a notebook) would report its parent's
+    size.  The trainer's process only: reward and environment workers are processes of their own.
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            kib = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform == "darwin" else 1)
+    return kib / 2**20
 
 
 def git_commit(path: Path) -> str | None:

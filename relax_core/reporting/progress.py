@@ -33,6 +33,7 @@ DISPLAY = (
     ("perf/rollout_time", "rollout s", "{:.1f}"),
     ("perf/train_time", "train s", "{:.1f}"),
     ("perf/rollout_tokens_per_s", "tok/s", "{:.0f}"),
+    ("perf/peak_rss_gib", "peak GiB", "{:.2f}"),
 )
 SEP = " │ "
 BAR_MIN, BAR_MAX = 10, 40

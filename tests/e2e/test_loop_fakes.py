@@ -57,8 +57,10 @@ def test_one_run_writes_metrics_samples_checkpoint_and_final_model(tmp_path):
     for key in ("rollout/raw_reward", "rollout/response_len/mean", "rollout/truncated_ratio", "rollout/zero_std_group_frac",
                 "rollout/reward_errors", "train/loss", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl",
                 "train/entropy", "train/grad_norm", "train/skipped_steps", "perf/step_time", "perf/rollout_time",
-                "perf/train_time", "perf/rollout_tokens_per_s", "train/old_logp_source"):
+                "perf/train_time", "perf/rollout_tokens_per_s", "perf/peak_rss_gib", "train/old_logp_source"):
         assert key in recs[0], key
+    peaks = [r["perf/peak_rss_gib"] for r in recs]
+    assert 0 < peaks[0] <= peaks[1] <= peaks[2]  # a peak so far never falls
     # one update per rollout, no KL before the update: old = detach(current), so ratio = 1
     assert recs[0]["train/old_logp_source"] == OLD_LOGP_CURRENT
     assert recs[0]["train/ppo_kl"] == 0.0 and recs[0]["train/pg_clipfrac"] == 0.0
