@@ -327,9 +327,13 @@ class RolloutEngine(Protocol):
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> GenerationOutput: ...
 
-    def update_weights(self, state_dict: Any, version: int) -> None:
+    def update_weights(self, state_dict: Any, version: int, *, share: bool = False) -> None:
         """Load new weights (a name -> tensor mapping in Hugging Face naming) between
-        generation calls; ``version`` is the trainer step that produced them."""
+        generation calls; ``version`` is the trainer step that produced them.  ``share=True``
+        (passed only to engines declaring
+        :attr:`~relax_core.specs.EngineCapabilities.supports_shared_weights`): the engine may
+        keep these tensors as its weights rather than copy them; the caller changes them only
+        between generation calls and calls ``update_weights`` after each change."""
 
     def shutdown(self) -> None: ...
 

@@ -326,9 +326,11 @@ def load_model(model: str, dtype: Any = "float32", device: Any = "cpu") -> Any:
     return m.to(device).eval()
 
 
-def load_state_dict_(module: Any, state_dict: Any) -> None:
+def load_state_dict_(module: Any, state_dict: Any, *, share: bool = False) -> None:
     """Copy ``state_dict`` (Hugging Face names) into ``module``'s parameters and buffers
-    in place (no rebuild), converting dtype and device.
+    in place (no rebuild), converting dtype and device.  ``share=True``: a tensor of the
+    parameter's dtype and device becomes its storage instead (``param.data = value``: no
+    copy, and the module's own storage is freed); others are still copied.
 
     Tied weights (e.g. ``lm_head.weight`` sharing ``model.embed_tokens.weight``) may be
     given once.
@@ -351,5 +353,9 @@ def load_state_dict_(module: Any, state_dict: Any) -> None:
             dst = own[name]
             if tuple(dst.shape) != tuple(value.shape):
                 raise ValueError(f"{name}: shape {tuple(value.shape)} != model's {tuple(dst.shape)}")
-            dst.copy_(value)
+            if share and value.dtype == dst.dtype and value.device == dst.device:
+                if dst.data_ptr() != value.data_ptr():
+                    dst.data = value
+            else:
+                dst.copy_(value)
 

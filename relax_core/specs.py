@@ -297,6 +297,13 @@ class EngineCapabilities:
     lengths, truncation, texts): ``rollout_log_probs``, ``top_k_ids``/``top_k_log_probs``
     (when asked for a top-k head), ``routed_experts`` (when asked), a plugin's own."""
     supports_weight_update: bool = False
+    supports_shared_weights: bool = False
+    """``update_weights(state_dict, version, share=True)`` may keep the given tensors as its
+    weights instead of copying them (where dtype, device and shape match its own).  The core
+    asks for it only when the caller owns those tensors in the same process and changes them
+    only between generation calls, pushing after every change: a synchronous local run with
+    ``--update-weights-interval 1``, where the trainer's weights then serve the engine too
+    (one copy of the model in memory, not two)."""
     supports_tensor_parallel: bool = False
     supports_sampling_penalties: bool = False
     supports_stop_strings: bool = False

@@ -306,7 +306,7 @@ def build_trainer(cfg: Any, comps: Components, train_data: Any, eval_data: Any, 
     ``--fully-async`` a posting publisher and an :class:`AsyncSource` (the engine and the
     backend in ``comps`` are local objects or Ray proxies)."""
     publisher = Publisher(comps.engine, comps.backend.engine_state_dict, cfg.update_weights_interval,
-                          post=cfg.fully_async)
+                          post=cfg.fully_async, share=comps.share_weights)
     rollout = Rollout(cfg, comps, train_data, publisher)
     source = AsyncSource(rollout, cfg.max_staleness) if cfg.fully_async else SyncSource(rollout)
     return Trainer(cfg, comps, source, publisher, eval_data, run_dir, behaviour_numerator, config_dict)

@@ -38,5 +38,8 @@ class Components:
     num_critic_only_steps: int = 0
     adapter_check: Callable[[Batch, int], None] | None = None
     """With LoRA: called after each push (:class:`relax_core.run.lora.AdapterCheck`)."""
+    share_weights: bool = False
+    """The publisher pushes with ``share=True``: a synchronous local run pushing every step
+    to an engine that declares ``supports_shared_weights``."""
     episodes: Any = None
     """The :class:`~relax_core.stages.episodes.EpisodeRunner` of ``--environment`` (``None``: single turn)."""

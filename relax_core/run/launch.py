@@ -282,6 +282,15 @@ def plugin_versions(reg: Any) -> dict[str, str]:
     return {p.dist: p.version for p in reg.plugins}
 
 
+def shares_weights(cfg: Any, engine_caps: Any, *, ray: bool) -> bool:
+    """Whether the trainer's weight tensors also serve the engine (one copy of the model, not
+    two): a local, synchronous run pushing after every step (``--update-weights-interval 1``,
+    not ``--fully-async``) to an engine that declares ``supports_shared_weights``.  Anywhere
+    else the engine must hold weights the trainer has moved past, or lives in another process."""
+    return (not ray and not cfg.fully_async and cfg.update_weights_interval == 1
+            and engine_caps.supports_shared_weights)
+
+
 def launch(cfg: Any, resolved: Any, reg: Any) -> int:
     """Run ``relax train`` with a validated config; returns the exit code.
 
@@ -425,6 +434,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
         rollout_fields=rollout_fields, top_k=top_k,
         num_critic_only_steps=critic_settings.num_critic_only_steps if critic_settings else 0,
+        share_weights=shares_weights(cfg, ctx.engine.caps, ray=runtime is not None),
         adapter_check=AdapterCheck(engine, backend, cfg, display.message) if cfg.lora_rank else None)
     trainer = build_trainer(cfg, comps, train_data, eval_data, run_dir, est_caps.behaviour_numerator, config_dict)
     info = {

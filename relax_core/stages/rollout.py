@@ -124,22 +124,33 @@ class Publisher:
     (fully async): it only posts them; the rollout thread calls :meth:`push_posted`
     between generation requests.  ``held`` is the version the engine holds.
 
+    ``share=True`` (:attr:`~relax_core.run.components.Components.share_weights`): every push
+    asks the engine to keep the trainer's tensors rather than copy them, starting with the
+    initial weights at construction (so the engine's own copy is freed before the first
+    step); :attr:`interval` is then 1 and ``post`` False.
+
     Args:
-        engine: the rollout engine (``update_weights(state_dict, version)``).
+        engine: the rollout engine (``update_weights(state_dict, version[, share])``).
         state_dict: callable giving the trainer's current engine-format weights.
         interval: ``--update-weights-interval``.
     """
 
-    def __init__(self, engine: Any, state_dict: Callable[[], Any], interval: int, *, post: bool = False):
+    def __init__(self, engine: Any, state_dict: Callable[[], Any], interval: int, *, post: bool = False,
+                 share: bool = False):
+        if share and (post or interval != 1):
+            raise ValueError("shared weights need a synchronous push after every step")
         self.engine = engine
         self.state_dict = state_dict
         self.interval = interval
         self.post = post
+        self.share = share
         self.held = 0
         self.lock = threading.Lock()  # one user of the engine at a time (rollout thread, evaluation)
         self._posted: tuple[Any, int] | None = None
         self._pushed: Any = None  # a copy of the weights the engine holds, while they lag the trainer's
         self.cond = threading.Condition()
+        if share:
+            self.push(state_dict(), 0)
 
     @property
     def posted(self) -> int:
@@ -150,7 +161,10 @@ class Publisher:
     def push(self, weights: Any, version: int) -> float:
         """Give ``weights`` to the engine now; returns the seconds it took."""
         t0 = time.monotonic()
-        self.engine.update_weights(weights, version)
+        if self.share:
+            self.engine.update_weights(weights, version, share=True)
+        else:
+            self.engine.update_weights(weights, version)
         self.held = int(version)
         self._pushed = _cpu_copy(weights) if self.interval > 1 else None
         return time.monotonic() - t0

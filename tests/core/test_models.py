@@ -105,6 +105,30 @@ def test_load_state_dict_in_place(tmp_path):
         models.load_state_dict_(m, sd)
 
 
+
+def test_load_state_dict_shared_keeps_the_given_tensors(tmp_path):
+    """``share=True``: tensors of the module's dtype become its weights (the trainer's
+    in-place updates are then the engine's, no copy); the tie is kept; another dtype is
+    copied (a bf16 engine from a float32 trainer)."""
+    m = models.load_model(str(tiny.make_tiny_model(tmp_path / "a", seed=0)))
+    trainer = models.load_model(str(tiny.make_tiny_model(tmp_path / "b", seed=3)))
+    sd = {k: v.detach() for k, v in trainer.state_dict().items()}
+    models.load_state_dict_(m, sd, share=True)
+    for name, p in m.state_dict(keep_vars=True).items():
+        assert p.data_ptr() == sd[name].data_ptr(), name
+    assert m.lm_head.weight is m.model.embed_tokens.weight  # still one Parameter
+    with torch.no_grad():
+        trainer.model.norm.weight.add_(1.0)  # an optimizer step, in place
+    assert torch.equal(m.model.norm.weight, trainer.model.norm.weight)
+    models.load_state_dict_(m, sd, share=True)  # the next push: nothing to copy or move
+    assert m.model.norm.weight.data_ptr() == sd["model.norm.weight"].data_ptr()
+
+    half = models.load_model(str(tiny.make_tiny_model(tmp_path / "c", seed=0)), dtype="bfloat16")
+    own = half.model.norm.weight.data_ptr()
+    models.load_state_dict_(half, sd, share=True)
+    assert half.model.norm.weight.data_ptr() == own and half.model.norm.weight.dtype == torch.bfloat16
+    assert torch.equal(half.model.norm.weight, sd["model.norm.weight"].to(torch.bfloat16))
+
 @pytest.mark.slow
 def test_default_model_cache_equals_the_gguf():
     """The cached safetensors copy computes the same logits as the GGUF loaded directly."""

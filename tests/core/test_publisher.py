@@ -13,8 +13,8 @@ class Engine:
     def __init__(self):
         self.pushed = []
 
-    def update_weights(self, weights, version):
-        self.pushed.append((float(weights["w"]), version))
+    def update_weights(self, weights, version, **kw):
+        self.pushed.append((float(weights["w"]), version, *kw.values()))
 
 
 def trainer_weights():
@@ -50,3 +50,37 @@ def test_async_resume_reposts_what_the_crash_lost(interval, step, held, posted):
     pub.push_posted()
     assert pub.held == posted
     assert eng.pushed[-1:] == ([(3.0, step)] if posted > held else ([(float(held), held)] if held else []))
+
+
+def test_shared_weights_reach_the_engine_before_the_first_step_and_at_every_push():
+    """``share=True``: the initial weights are pushed (shared) at construction, so the
+    engine's own copy is freed before the first step's peak; every push asks to share."""
+    eng = Engine()
+    pub = Publisher(eng, trainer_weights, 1, share=True)
+    assert eng.pushed == [(3.0, 0, True)] and pub.held == 0
+    pub.after_step(1)
+    assert eng.pushed[-1] == (3.0, 1, True) and pub.held == 1
+    pub.restore({"held": 1}, None, 1)
+    assert eng.pushed[-1] == (3.0, 1, True)
+
+
+@pytest.mark.parametrize("interval,post", [(2, False), (1, True)])
+def test_shared_weights_are_refused_where_the_engine_must_hold_older_ones(interval, post):
+    with pytest.raises(ValueError, match="synchronous push after every step"):
+        Publisher(Engine(), trainer_weights, interval, post=post, share=True)
+
+
+@pytest.mark.parametrize("flags,ray,caps,shared", [
+    ({}, False, True, True),  # the default run
+    ({"update_weights_interval": 2}, False, True, False),  # the engine holds older weights
+    ({"fully_async": True, "max_staleness": 1}, False, True, False),  # generates while the trainer steps
+    ({}, True, True, False),  # another process
+    ({}, False, False, False),  # an engine that copies
+])
+def test_which_runs_share_the_trainers_weights_with_the_engine(flags, ray, caps, shared):
+    from relax_core.config import RunConfig
+    from relax_core.run.launch import shares_weights
+    from relax_core.specs import EngineCapabilities
+
+    cfg = RunConfig(**flags)
+    assert shares_weights(cfg, EngineCapabilities(supports_shared_weights=caps), ray=ray) is shared

@@ -138,13 +138,15 @@ class HFEngine:
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, state_dict: Any, version: int) -> None:
-        """Copy new weights (Hugging Face names -> tensors) into the model in place.
+    def update_weights(self, state_dict: Any, version: int, *, share: bool = False) -> None:
+        """Copy new weights (Hugging Face names -> tensors) into the model in place; with
+        ``share=True`` keep the tensors of the engine's dtype and device as the model's
+        weights instead (no copy; see ``supports_shared_weights``).
 
         Raises:
             KeyError / ValueError: names or shapes that do not match the model.
         """
-        load_state_dict_(self.model, state_dict)
+        load_state_dict_(self.model, state_dict, share=share)
         self.weight_version = int(version)
 
     def shutdown(self) -> None:

@@ -26,6 +26,7 @@ def relax_register_rollout_engines():
             devices=frozenset({"cpu", "cuda"}),
             provides_fields=frozenset({"rollout_log_probs", "top_k_ids", "top_k_log_probs", "routed_experts"}),
             supports_weight_update=True,
+            supports_shared_weights=True,
             supports_sampling_penalties=True,
             supports_stop_strings=True,
             supports_token_continuation=True,  # generate() takes any token-id prompt as given

@@ -199,6 +199,31 @@ def test_update_weights_changes_outputs(tiny_model_dir, tmp_path, prompts):
         eng.update_weights(sd, version=4)
 
 
+
+def test_shared_weights_sample_what_copied_weights_sample(tiny_model_dir, tmp_path, prompts):
+    """``update_weights(..., share=True)`` (a synchronous local run's push): the engine
+    samples from the trainer's tensors themselves, exactly as from a copy, and sees their
+    in-place updates (an optimizer step) without another copy."""
+    from relax_authoring.testing.models import make_tiny_model
+    from relax_core.models import load_model
+
+    trainer = load_model(str(make_tiny_model(tmp_path / "trainer", seed=1)))
+    shared, copied = HFEngine(str(tiny_model_dir), seed=0), HFEngine(str(tiny_model_dir), seed=0)
+    s = SamplingParams(max_new_tokens=6, seed=1)
+    for step in (1, 2):
+        sd = {k: v.detach() for k, v in trainer.state_dict().items()}
+        shared.update_weights(sd, version=step, share=True)
+        copied.update_weights(sd, version=step)
+        a, b = shared.generate(prompts, s), copied.generate(prompts, s)
+        assert torch.equal(a.response_ids, b.response_ids)
+        assert torch.equal(a.rollout_log_probs, b.rollout_log_probs)
+        assert shared.model.lm_head.weight.data_ptr() == trainer.lm_head.weight.data_ptr()
+        assert copied.model.lm_head.weight.data_ptr() != trainer.lm_head.weight.data_ptr()
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.mul_(0.9)  # the next optimizer step, in place
+    assert torch.equal(shared.model.model.norm.weight, trainer.model.norm.weight)
+
 def test_bad_inputs(engine):
     with pytest.raises(ValueError):
         engine.generate([], SamplingParams())
