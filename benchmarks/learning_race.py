@@ -485,8 +485,10 @@ def hf_model_view(checkpoint: Path) -> Path:
 
 def race_one(side: str, seed: int, model_dir: str, data: Path, rows: list[dict], work: Work, work_dir: Path,
              eval_source: str, scorer: str, relax_run: Path | None = None) -> dict:
-    """One run of one side, then every checkpoint evaluated (and deleted)."""
+    """One run of one side, then every checkpoint evaluated (and deleted); a run directory
+    left by an earlier attempt is removed first."""
     run_dir = work_dir / f"{side}-seed{seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)
     load0 = _load()
     t0 = time.time()
     if side == "relax":
@@ -706,6 +708,12 @@ def report(res: dict, smoke: bool) -> str:
     lines = ["# Learning race: Relax vs TRL GRPOTrainer, held-out accuracy per wall-clock second"
              + (" (smoke run: tiny sizes, not figures)" if smoke else ""), ""]
     lines += [f"- {k}: {v}" for k, v in res["machine"].items()]
+    if res.get("reruns"):
+        r = res["reruns"]
+        why = f" ({r['reason']})" if r["reason"] else ""
+        lines.append(f"- **repeated in this run: {', '.join(r['runs'])}**{why}; every other run is kept from the race "
+                     f"of {r['of'].get('date', '?')} at commit {r['of'].get('git commit', '?')} (load at its start "
+                     f"{r['of'].get('load average at start', '?')})")
     lines += [f"- work: {w['prompts']} prompts × {w['group']} samples per step, ≤ {w['max_new']} new tokens, lr {w['lr']}, "
               f"temperature {w['temperature']}, {w['steps']} steps, checkpoint every {w['save_every']}; "
               f"held-out: first {w['eval_prompts']} prompts of `{res['eval_source']}`, greedy pass@1 by `relax eval`",
@@ -754,6 +762,28 @@ def report(res: dict, smoke: bool) -> str:
     return "\n".join(lines)
 
 
+def rerun_plan(a: argparse.Namespace) -> tuple[dict | None, set[tuple[str, int]]]:
+    """``--keep``'s results and the ``(side, seed)`` pairs of ``--rerun`` (``(None, set())``
+    without them).  A repeated TRL run reuses the Relax run of its seed in ``--work-dir``
+    (TRL trains on Relax's recorded prompt order).
+
+    Raises:
+        SystemExit: ``--rerun`` without ``--keep`` or ``--work-dir``, or a pair the kept race lacks.
+    """
+    if not a.rerun:
+        return None, set()
+    if not a.keep or not a.work_dir:
+        raise SystemExit("--rerun needs --keep (the earlier race's .json) and its --work-dir")
+    kept = json.loads(Path(a.keep).read_text())
+    pairs = set()
+    for item in a.rerun.split(","):
+        side, _, seed = item.partition(":")
+        if (side, int(seed)) not in {(r["side"], r["seed"]) for r in kept["runs"]}:
+            raise SystemExit(f"--rerun {item}: the race in {a.keep} has no such run")
+        pairs.add((side, int(seed)))
+    return kept, pairs
+
+
 def machine() -> dict:
     import platform
 
@@ -789,6 +819,11 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="results .md (default benchmarks/results/learning-race-<date>.md; "
                                                 "with --smoke, nothing is written unless given)")
     ap.add_argument("--work-dir", default=None, help="keep the runs here (default: a temporary directory)")
+    ap.add_argument("--rerun", default=None, metavar="SIDE:SEED,...",
+                    help="repeat only these runs of the race in --keep (e.g. trl:0, one disturbed by another job), "
+                         "in the same --work-dir; the others are kept from it")
+    ap.add_argument("--keep", default=None, metavar="RESULTS.json", help="with --rerun: the earlier race's .json")
+    ap.add_argument("--reason", default="", help="with --rerun: why, printed in the results")
     # worker mode (internal)
     ap.add_argument("--worker", choices=("relax-update", "trl-update", "trl-race"))
     ap.add_argument("--model-dir")
@@ -809,6 +844,9 @@ def main() -> int:
         work = Work(**{**asdict(work), "steps": a.steps or work.steps, "save_every": a.save_every,
                        "eval_prompts": a.eval_prompts or work.eval_prompts})
     seeds = [0] if a.smoke else [int(s) for s in a.seeds.split(",")]
+    kept, rerun = rerun_plan(a)
+    if kept is not None:
+        seeds = sorted({r["seed"] for r in kept["runs"]} | {s for _, s in rerun})
     model = "tiny" if a.smoke else a.model
     eval_source = a.eval_data
     has_trl = TRL_PYTHON.exists()
@@ -820,6 +858,11 @@ def main() -> int:
     out = Path(a.out) if a.out else (None if a.smoke else HERE / "results" / f"learning-race-{stamp}.md")
     res = {"machine": machine(), "work": asdict(work), "train_source": a.train_data, "eval_source": eval_source,
            "check": None, "runs": [], "base": None}
+    if kept is not None:
+        if (kept["work"], kept["train_source"], kept["eval_source"]) != (res["work"], a.train_data, eval_source):
+            print("--keep: that race ran other work or data than this one would; not mixing them", file=sys.stderr)
+            return 2
+        res["reruns"] = {"of": kept["machine"], "runs": [f"{side} seed {s}" for side, s in rerun], "reason": a.reason}
     print("\n".join(f"{k}: {v}" for k, v in res["machine"].items()), flush=True)
     with tempfile.TemporaryDirectory(prefix="relax-race-") as tmp:
         wd = Path(a.work_dir or tmp)
@@ -838,10 +881,12 @@ def main() -> int:
         if not a.check_only and (res["check"] is None or res["check"]["passed"]):
             res["base"] = base = held_out_accuracy(mdir, wd / "eval-base", eval_source, work, None)
             for seed in seeds:
-                res["runs"].append(race_one("relax", seed, mdir, data, rows, work, wd, eval_source, base["scorer"]))
+                for side in ("relax", "trl") if has_trl else ("relax",):
+                    old = None if kept is None or (side, seed) in rerun else \
+                        next((r for r in kept["runs"] if (r["side"], r["seed"]) == (side, seed)), None)
+                    res["runs"].append(old or race_one(side, seed, mdir, data, rows, work, wd, eval_source, base["scorer"],
+                                                       wd / f"relax-seed{seed}" if side == "trl" else None))
                 if has_trl:
-                    res["runs"].append(race_one("trl", seed, mdir, data, rows, work, wd, eval_source, base["scorer"],
-                                                wd / f"relax-seed{seed}"))
                     bad = knob_mismatches(res["runs"][-2]["config"], res["runs"][-1]["config"])
                     if bad:
                         raise RuntimeError("the two sides ran with different settings: " + "; ".join(bad))

@@ -7,6 +7,7 @@ the fast ones take about 20 s together, plus the GPU check's smoke run (about 50
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 import time
@@ -189,3 +190,25 @@ def test_gpu_check_smoke(tmp_path):
                    for line in text.splitlines()) == 2
     loop = [line for line in text.splitlines() if line.startswith("| loop-cpu-0 | cpu |")]
     assert len(loop) == 1 and "FAILED" not in loop[0]
+
+
+def test_learning_race_rerun_plan(tmp_path):
+    """--rerun names runs of the kept race; it needs --keep and --work-dir, and refuses a
+    run the kept race does not have."""
+    import argparse
+
+    keep = tmp_path / "race.json"
+    keep.write_text(json.dumps({"runs": [{"side": "relax", "seed": 0}, {"side": "trl", "seed": 0},
+                                         {"side": "trl", "seed": 1}]}))
+
+    def plan(**kw):
+        return learning_race.rerun_plan(argparse.Namespace(**{"rerun": None, "keep": str(keep),
+                                                              "work_dir": str(tmp_path), **kw}))
+
+    assert plan() == (None, set())
+    kept, pairs = plan(rerun="trl:0,trl:1")
+    assert pairs == {("trl", 0), ("trl", 1)} and len(kept["runs"]) == 3
+    with pytest.raises(SystemExit, match="no such run"):
+        plan(rerun="relax:1")
+    with pytest.raises(SystemExit, match="needs --keep"):
+        plan(rerun="trl:0", work_dir=None)
