@@ -3,6 +3,8 @@ second, on identical work (issue 23 §3).
 
     .venv/bin/python benchmarks/learning_race.py                  # the race: 3 seeds per side, writes the results
     .venv/bin/python benchmarks/learning_race.py --seeds 0,1,2,3,4 --steps 30
+    .venv/bin/python benchmarks/learning_race.py --keep R.json --work-dir W --seeds 3   # add seed 3 to race R
+    .venv/bin/python benchmarks/learning_race.py --keep R.json --work-dir W --rerun trl:0 --reason "..."
     .venv/bin/python benchmarks/learning_race.py --check-only     # only the same-update check
     .venv/bin/python benchmarks/learning_race.py --smoke          # tiny model, 2 steps, 1 seed (the smoke test)
 
@@ -711,7 +713,7 @@ def report(res: dict, smoke: bool) -> str:
     if res.get("reruns"):
         r = res["reruns"]
         why = f" ({r['reason']})" if r["reason"] else ""
-        lines.append(f"- **repeated in this run: {', '.join(r['runs'])}**{why}; every other run is kept from the race "
+        lines.append(f"- **run in this session: {', '.join(r['runs'])}**{why}; every other run is kept from the race "
                      f"of {r['of'].get('date', '?')} at commit {r['of'].get('git commit', '?')} (load at its start "
                      f"{r['of'].get('load average at start', '?')})")
     lines += [f"- work: {w['prompts']} prompts × {w['group']} samples per step, ≤ {w['max_new']} new tokens, lr {w['lr']}, "
@@ -763,25 +765,37 @@ def report(res: dict, smoke: bool) -> str:
 
 
 def rerun_plan(a: argparse.Namespace) -> tuple[dict | None, set[tuple[str, int]]]:
-    """``--keep``'s results and the ``(side, seed)`` pairs of ``--rerun`` (``(None, set())``
-    without them).  A repeated TRL run reuses the Relax run of its seed in ``--work-dir``
-    (TRL trains on Relax's recorded prompt order).
+    """With ``--keep``: its results, and the ``(side, seed)`` runs to do now: those of
+    ``--rerun`` and both sides of every ``--seeds`` given (``(None, set())`` without
+    ``--keep``).  A TRL run done without its seed's Relax run reuses that Relax run from
+    ``--work-dir`` (TRL trains on Relax's recorded prompt order).
 
     Raises:
-        SystemExit: ``--rerun`` without ``--keep`` or ``--work-dir``, or a pair the kept race lacks.
+        SystemExit: ``--keep`` without ``--work-dir`` or without runs to do, ``--rerun``
+            without ``--keep``, an unknown side, or a TRL run whose Relax run is neither done
+            now nor in ``--work-dir``.
     """
-    if not a.rerun:
+    if not a.keep:
+        if a.rerun:
+            raise SystemExit("--rerun needs --keep (the earlier race's .json) and its --work-dir")
         return None, set()
-    if not a.keep or not a.work_dir:
-        raise SystemExit("--rerun needs --keep (the earlier race's .json) and its --work-dir")
+    if not a.work_dir:
+        raise SystemExit("--keep needs the --work-dir of the kept race's runs")
     kept = json.loads(Path(a.keep).read_text())
-    pairs = set()
-    for item in a.rerun.split(","):
+    todo = {(side, int(seed)) for side in ("relax", "trl") for seed in (a.seeds.split(",") if a.seeds else [])}
+    for item in (a.rerun.split(",") if a.rerun else []):
         side, _, seed = item.partition(":")
-        if (side, int(seed)) not in {(r["side"], r["seed"]) for r in kept["runs"]}:
-            raise SystemExit(f"--rerun {item}: the race in {a.keep} has no such run")
-        pairs.add((side, int(seed)))
-    return kept, pairs
+        if side not in ("relax", "trl") or not seed.isdigit():
+            raise SystemExit(f"--rerun {item}: expected relax:SEED or trl:SEED")
+        todo.add((side, int(seed)))
+    if not todo:
+        raise SystemExit("--keep: nothing to run (give --rerun SIDE:SEED or --seeds)")
+    for side, seed in todo:
+        prompts = Path(a.work_dir) / f"relax-seed{seed}" / "trained_prompts.jsonl"
+        if side == "trl" and ("relax", seed) not in todo and not prompts.exists():
+            raise SystemExit(f"trl:{seed} trains on Relax seed {seed}'s prompt order, and {prompts} does not exist: "
+                             f"add relax:{seed}")
+    return kept, todo
 
 
 def machine() -> dict:
@@ -806,7 +820,8 @@ def machine() -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default", help="default (SmolLM2-135M-Instruct), tiny, or a model directory")
-    ap.add_argument("--seeds", default="0,1,2", help="comma list; each seed runs Relax, then TRL")
+    ap.add_argument("--seeds", default=None, help="comma list; each seed runs Relax, then TRL (default 0,1,2; "
+                                                   "with --keep: none besides --rerun)")
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: Relax's --num-rollout)")
     ap.add_argument("--save-every", type=int, default=2, help="steps between checkpoints (both sides)")
     ap.add_argument("--eval-prompts", type=int, default=None,
@@ -819,11 +834,12 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="results .md (default benchmarks/results/learning-race-<date>.md; "
                                                 "with --smoke, nothing is written unless given)")
     ap.add_argument("--work-dir", default=None, help="keep the runs here (default: a temporary directory)")
+    ap.add_argument("--keep", default=None, metavar="RESULTS.json",
+                    help="an earlier race's .json: keep its runs, and run only --rerun's and --seeds' (in its --work-dir "
+                         "where a TRL run needs its seed's Relax run)")
     ap.add_argument("--rerun", default=None, metavar="SIDE:SEED,...",
-                    help="repeat only these runs of the race in --keep (e.g. trl:0, one disturbed by another job), "
-                         "in the same --work-dir; the others are kept from it")
-    ap.add_argument("--keep", default=None, metavar="RESULTS.json", help="with --rerun: the earlier race's .json")
-    ap.add_argument("--reason", default="", help="with --rerun: why, printed in the results")
+                    help="with --keep: run these again (e.g. trl:0, one disturbed by another job) or for the first time")
+    ap.add_argument("--reason", default="", help="with --keep: why, printed in the results")
     # worker mode (internal)
     ap.add_argument("--worker", choices=("relax-update", "trl-update", "trl-race"))
     ap.add_argument("--model-dir")
@@ -843,8 +859,8 @@ def main() -> int:
     if not a.smoke:
         work = Work(**{**asdict(work), "steps": a.steps or work.steps, "save_every": a.save_every,
                        "eval_prompts": a.eval_prompts or work.eval_prompts})
-    seeds = [0] if a.smoke else [int(s) for s in a.seeds.split(",")]
     kept, rerun = rerun_plan(a)
+    seeds = [0] if a.smoke else [int(s) for s in (a.seeds or "0,1,2").split(",")]
     if kept is not None:
         seeds = sorted({r["seed"] for r in kept["runs"]} | {s for _, s in rerun})
     model = "tiny" if a.smoke else a.model
@@ -862,7 +878,8 @@ def main() -> int:
         if (kept["work"], kept["train_source"], kept["eval_source"]) != (res["work"], a.train_data, eval_source):
             print("--keep: that race ran other work or data than this one would; not mixing them", file=sys.stderr)
             return 2
-        res["reruns"] = {"of": kept["machine"], "runs": [f"{side} seed {s}" for side, s in rerun], "reason": a.reason}
+        res["reruns"] = {"of": kept["machine"], "runs": [f"{side} seed {s}" for side, s in sorted(rerun)],
+                         "reason": a.reason}
     print("\n".join(f"{k}: {v}" for k, v in res["machine"].items()), flush=True)
     with tempfile.TemporaryDirectory(prefix="relax-race-") as tmp:
         wd = Path(a.work_dir or tmp)

@@ -193,22 +193,32 @@ def test_gpu_check_smoke(tmp_path):
 
 
 def test_learning_race_rerun_plan(tmp_path):
-    """--rerun names runs of the kept race; it needs --keep and --work-dir, and refuses a
-    run the kept race does not have."""
+    """With --keep: --rerun's runs and both sides of --seeds' are done now; a TRL run needs
+    its seed's Relax run, done now or in --work-dir; --rerun needs --keep, --keep needs
+    --work-dir and something to run."""
     import argparse
 
     keep = tmp_path / "race.json"
-    keep.write_text(json.dumps({"runs": [{"side": "relax", "seed": 0}, {"side": "trl", "seed": 0},
-                                         {"side": "trl", "seed": 1}]}))
+    keep.write_text(json.dumps({"runs": [{"side": "relax", "seed": 1}, {"side": "trl", "seed": 1}]}))
+    (tmp_path / "relax-seed1").mkdir()
+    (tmp_path / "relax-seed1" / "trained_prompts.jsonl").write_text("")
 
     def plan(**kw):
-        return learning_race.rerun_plan(argparse.Namespace(**{"rerun": None, "keep": str(keep),
+        return learning_race.rerun_plan(argparse.Namespace(**{"rerun": None, "seeds": None, "keep": str(keep),
                                                               "work_dir": str(tmp_path), **kw}))
 
-    assert plan() == (None, set())
-    kept, pairs = plan(rerun="trl:0,trl:1")
-    assert pairs == {("trl", 0), ("trl", 1)} and len(kept["runs"]) == 3
-    with pytest.raises(SystemExit, match="no such run"):
-        plan(rerun="relax:1")
+    kept, todo = plan(rerun="trl:1")
+    assert todo == {("trl", 1)} and len(kept["runs"]) == 2
+    assert plan(seeds="0")[1] == {("relax", 0), ("trl", 0)}
+    assert plan(seeds="0", rerun="trl:1")[1] == {("relax", 0), ("trl", 0), ("trl", 1)}
+    with pytest.raises(SystemExit, match="add relax:2"):
+        plan(rerun="trl:2")
+    with pytest.raises(SystemExit, match="expected relax:SEED"):
+        plan(rerun="ppo:1")
+    with pytest.raises(SystemExit, match="nothing to run"):
+        plan()
+    with pytest.raises(SystemExit, match="needs the --work-dir"):
+        plan(rerun="trl:1", work_dir=None)
     with pytest.raises(SystemExit, match="needs --keep"):
-        plan(rerun="trl:0", work_dir=None)
+        plan(rerun="trl:1", keep=None)
+    assert plan(keep=None) == (None, set())
