@@ -772,8 +772,8 @@ def rerun_plan(a: argparse.Namespace) -> tuple[dict | None, set[tuple[str, int]]
 
     Raises:
         SystemExit: ``--keep`` without ``--work-dir`` or without runs to do, ``--rerun``
-            without ``--keep``, an unknown side, or a TRL run whose Relax run is neither done
-            now nor in ``--work-dir``.
+            without ``--keep``, an unknown side, a TRL run whose Relax run is neither done
+            now nor in ``--work-dir``, or a Relax run done again without its kept TRL run.
     """
     if not a.keep:
         if a.rerun:
@@ -790,6 +790,11 @@ def rerun_plan(a: argparse.Namespace) -> tuple[dict | None, set[tuple[str, int]]
         todo.add((side, int(seed)))
     if not todo:
         raise SystemExit("--keep: nothing to run (give --rerun SIDE:SEED or --seeds)")
+    kept_pairs = {(r["side"], r["seed"]) for r in kept["runs"]}
+    for side, seed in todo:
+        if side == "relax" and ("trl", seed) in kept_pairs and ("trl", seed) not in todo:
+            raise SystemExit(f"relax:{seed} run again would leave the kept trl:{seed}, trained on the earlier Relax "
+                             f"run's prompt order: add trl:{seed}")
     for side, seed in todo:
         prompts = Path(a.work_dir) / f"relax-seed{seed}" / "trained_prompts.jsonl"
         if side == "trl" and ("relax", seed) not in todo and not prompts.exists():
@@ -872,11 +877,13 @@ def main() -> int:
         return 2
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d")
     out = Path(a.out) if a.out else (None if a.smoke else HERE / "results" / f"learning-race-{stamp}.md")
-    res = {"machine": machine(), "work": asdict(work), "train_source": a.train_data, "eval_source": eval_source,
-           "check": None, "runs": [], "base": None}
+    res = {"machine": machine(), "model": model, "work": asdict(work), "train_source": a.train_data,
+           "eval_source": eval_source, "check": None, "runs": [], "base": None}
     if kept is not None:
-        if (kept["work"], kept["train_source"], kept["eval_source"]) != (res["work"], a.train_data, eval_source):
-            print("--keep: that race ran other work or data than this one would; not mixing them", file=sys.stderr)
+        if (kept["work"], kept["train_source"], kept["eval_source"], kept.get("model", model)) != \
+                (res["work"], a.train_data, eval_source, model):
+            print("--keep: that race ran another model, work or data than this one would; not mixing them",
+                  file=sys.stderr)
             return 2
         res["reruns"] = {"of": kept["machine"], "runs": [f"{side} seed {s}" for side, s in sorted(rerun)],
                          "reason": a.reason}
@@ -898,13 +905,16 @@ def main() -> int:
         if not a.check_only and (res["check"] is None or res["check"]["passed"]):
             res["base"] = base = held_out_accuracy(mdir, wd / "eval-base", eval_source, work, None)
             for seed in seeds:
+                pair = []
                 for side in ("relax", "trl") if has_trl else ("relax",):
-                    old = None if kept is None or (side, seed) in rerun else \
-                        next((r for r in kept["runs"] if (r["side"], r["seed"]) == (side, seed)), None)
-                    res["runs"].append(old or race_one(side, seed, mdir, data, rows, work, wd, eval_source, base["scorer"],
-                                                       wd / f"relax-seed{seed}" if side == "trl" else None))
-                if has_trl:
-                    bad = knob_mismatches(res["runs"][-2]["config"], res["runs"][-1]["config"])
+                    if kept is None or (side, seed) in rerun:  # run now
+                        pair.append(race_one(side, seed, mdir, data, rows, work, wd, eval_source, base["scorer"],
+                                             wd / f"relax-seed{seed}" if side == "trl" else None))
+                    else:  # kept from the earlier race (when it has that run)
+                        pair += [r for r in kept["runs"] if (r["side"], r["seed"]) == (side, seed)]
+                res["runs"] += pair
+                if len(pair) == 2:
+                    bad = knob_mismatches(pair[0]["config"], pair[1]["config"])
                     if bad:
                         raise RuntimeError("the two sides ran with different settings: " + "; ".join(bad))
     if any(r["side"] == "trl" for r in res["runs"]):

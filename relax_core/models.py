@@ -328,9 +328,10 @@ def load_model(model: str, dtype: Any = "float32", device: Any = "cpu") -> Any:
 
 def load_state_dict_(module: Any, state_dict: Any, *, share: bool = False) -> None:
     """Copy ``state_dict`` (Hugging Face names) into ``module``'s parameters and buffers
-    in place (no rebuild), converting dtype and device.  ``share=True``: a tensor of the
-    parameter's dtype and device becomes its storage instead (``param.data = value``: no
-    copy, and the module's own storage is freed); others are still copied.
+    in place (no rebuild), converting dtype and device.  ``share=True``: each parameter's
+    storage is replaced instead (``param.data = value``): by ``value`` itself where dtype and
+    device match (no copy; the module's own storage is freed), else by a converted copy, so
+    that storage shared by an earlier push is never written to.
 
     Tied weights (e.g. ``lm_head.weight`` sharing ``model.embed_tokens.weight``) may be
     given once.
@@ -353,9 +354,9 @@ def load_state_dict_(module: Any, state_dict: Any, *, share: bool = False) -> No
             dst = own[name]
             if tuple(dst.shape) != tuple(value.shape):
                 raise ValueError(f"{name}: shape {tuple(value.shape)} != model's {tuple(dst.shape)}")
-            if share and value.dtype == dst.dtype and value.device == dst.device:
+            if share:
                 if dst.data_ptr() != value.data_ptr():
-                    dst.data = value
+                    dst.data = value.to(device=dst.device, dtype=dst.dtype)  # value itself when they match
             else:
                 dst.copy_(value)
 

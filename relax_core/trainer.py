@@ -247,6 +247,8 @@ class Trainer:
         after ``--max-skipped-steps`` consecutive non-finite steps, 130 interrupted)."""
         cfg = self.cfg
         resumed = cfg.resume and self.restore()
+        if not resumed:
+            self.publisher.share_now()
         self.log = MetricsLogger(self.run_dir, cfg, self.config_dict, start_step=self.state.step)
         if cfg.resume:
             self.log.message(f"resumed from step {self.state.step}" if resumed else "no checkpoint found; starting fresh")

@@ -16,7 +16,7 @@ def _sigint_handler_kept(request):
     before = signal.getsignal(signal.SIGINT)
     yield
     after = signal.getsignal(signal.SIGINT)
-    if after is not before:
+    if after is not before and before is not None:  # None: a handler Python did not install
         signal.signal(signal.SIGINT, before)
         warnings.warn(f"{request.node.nodeid} left the SIGINT handler {after!r} (found {before!r}); put back",
                       stacklevel=1)

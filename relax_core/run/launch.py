@@ -285,10 +285,11 @@ def plugin_versions(reg: Any) -> dict[str, str]:
 def shares_weights(cfg: Any, engine_caps: Any, *, ray: bool) -> bool:
     """Whether the trainer's weight tensors also serve the engine (one copy of the model, not
     two): a local, synchronous run pushing after every step (``--update-weights-interval 1``,
-    not ``--fully-async``) to an engine that declares ``supports_shared_weights``.  Anywhere
-    else the engine must hold weights the trainer has moved past, or lives in another process."""
+    not ``--fully-async``, not ``--load-debug-rollout-data``, which never pushes) to an engine
+    that declares ``supports_shared_weights``.  Anywhere else the engine must hold weights the
+    trainer has moved past, or lives in another process."""
     return (not ray and not cfg.fully_async and cfg.update_weights_interval == 1
-            and engine_caps.supports_shared_weights)
+            and not cfg.load_debug_rollout_data and engine_caps.supports_shared_weights)
 
 
 def launch(cfg: Any, resolved: Any, reg: Any) -> int:

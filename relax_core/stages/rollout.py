@@ -125,9 +125,9 @@ class Publisher:
     between generation requests.  ``held`` is the version the engine holds.
 
     ``share=True`` (:attr:`~relax_core.run.components.Components.share_weights`): every push
-    asks the engine to keep the trainer's tensors rather than copy them, starting with the
-    initial weights at construction (so the engine's own copy is freed before the first
-    step); :attr:`interval` is then 1 and ``post`` False.
+    asks the engine to keep the trainer's tensors rather than copy them, starting with
+    :meth:`share_now` before the first step of a fresh run (so the engine's own copy is freed
+    before the first step's peak); ``interval`` is then 1 and ``post`` False.
 
     Args:
         engine: the rollout engine (``update_weights(state_dict, version[, share])``).
@@ -149,8 +149,14 @@ class Publisher:
         self._posted: tuple[Any, int] | None = None
         self._pushed: Any = None  # a copy of the weights the engine holds, while they lag the trainer's
         self.cond = threading.Condition()
-        if share:
-            self.push(state_dict(), 0)
+
+    def share_now(self) -> None:
+        """With ``share``: give the engine the trainer's tensors now (version :attr:`held`),
+        when it holds weights equal to them (a fresh run's initial weights; a resumed run whose
+        engine held the trainer's step).  A resumed engine holding older weights keeps them
+        until the next push."""
+        if self.share:
+            self.push(self.state_dict(), self.held)
 
     @property
     def posted(self) -> int:

@@ -213,6 +213,9 @@ def test_learning_race_rerun_plan(tmp_path):
     assert plan(seeds="0", rerun="trl:1")[1] == {("relax", 0), ("trl", 0), ("trl", 1)}
     with pytest.raises(SystemExit, match="add relax:2"):
         plan(rerun="trl:2")
+    with pytest.raises(SystemExit, match="add trl:1"):
+        plan(rerun="relax:1")
+    assert plan(rerun="relax:1,trl:1")[1] == {("relax", 1), ("trl", 1)}
     with pytest.raises(SystemExit, match="expected relax:SEED"):
         plan(rerun="ppo:1")
     with pytest.raises(SystemExit, match="nothing to run"):

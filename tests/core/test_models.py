@@ -108,8 +108,10 @@ def test_load_state_dict_in_place(tmp_path):
 
 def test_load_state_dict_shared_keeps_the_given_tensors(tmp_path):
     """``share=True``: tensors of the module's dtype become its weights (the trainer's
-    in-place updates are then the engine's, no copy); the tie is kept; another dtype is
-    copied (a bf16 engine from a float32 trainer)."""
+    in-place updates are then the engine's, no copy); the tie is kept; another dtype gets a
+    converted copy (a bf16 engine from a float32 trainer); and a later push of other tensors
+    never writes into the storage an earlier push shared (a resume giving the engine older
+    weights must not overwrite the trainer's)."""
     m = models.load_model(str(tiny.make_tiny_model(tmp_path / "a", seed=0)))
     trainer = models.load_model(str(tiny.make_tiny_model(tmp_path / "b", seed=3)))
     sd = {k: v.detach() for k, v in trainer.state_dict().items()}
@@ -124,10 +126,16 @@ def test_load_state_dict_shared_keeps_the_given_tensors(tmp_path):
     assert m.model.norm.weight.data_ptr() == sd["model.norm.weight"].data_ptr()
 
     half = models.load_model(str(tiny.make_tiny_model(tmp_path / "c", seed=0)), dtype="bfloat16")
-    own = half.model.norm.weight.data_ptr()
     models.load_state_dict_(half, sd, share=True)
-    assert half.model.norm.weight.data_ptr() == own and half.model.norm.weight.dtype == torch.bfloat16
+    assert half.model.norm.weight.dtype == torch.bfloat16
     assert torch.equal(half.model.norm.weight, sd["model.norm.weight"].to(torch.bfloat16))
+
+    trainer_before = {k: v.clone() for k, v in sd.items()}
+    older = {k: (v.double() - 1.0) for k, v in sd.items()}  # another dtype: cannot be shared
+    models.load_state_dict_(m, older, share=True)
+    for name, v in sd.items():
+        assert torch.equal(v, trainer_before[name]), name  # the trainer's tensors untouched
+    assert torch.equal(m.model.norm.weight, older["model.norm.weight"].float())
 
 @pytest.mark.slow
 def test_default_model_cache_equals_the_gguf():

@@ -53,10 +53,15 @@ def test_async_resume_reposts_what_the_crash_lost(interval, step, held, posted):
 
 
 def test_shared_weights_reach_the_engine_before_the_first_step_and_at_every_push():
-    """``share=True``: the initial weights are pushed (shared) at construction, so the
-    engine's own copy is freed before the first step's peak; every push asks to share."""
+    """``share=True``: ``share_now`` (the trainer's call before a fresh run's first step)
+    pushes the initial weights, so the engine's own copy is freed before the first step's
+    peak; every push asks to share.  Without ``share`` it does nothing."""
     eng = Engine()
+    Publisher(eng, trainer_weights, 1).share_now()
+    assert eng.pushed == []
     pub = Publisher(eng, trainer_weights, 1, share=True)
+    assert eng.pushed == []
+    pub.share_now()
     assert eng.pushed == [(3.0, 0, True)] and pub.held == 0
     pub.after_step(1)
     assert eng.pushed[-1] == (3.0, 1, True) and pub.held == 1
@@ -72,6 +77,7 @@ def test_shared_weights_are_refused_where_the_engine_must_hold_older_ones(interv
 
 @pytest.mark.parametrize("flags,ray,caps,shared", [
     ({}, False, True, True),  # the default run
+    ({"load_debug_rollout_data": "x.pt"}, False, True, False),  # replay: nothing is ever pushed
     ({"update_weights_interval": 2}, False, True, False),  # the engine holds older weights
     ({"fully_async": True, "max_staleness": 1}, False, True, False),  # generates while the trainer steps
     ({}, True, True, False),  # another process
