@@ -151,10 +151,10 @@ class Publisher:
         self.cond = threading.Condition()
 
     def share_now(self) -> None:
-        """With ``share``: give the engine the trainer's tensors now (version :attr:`held`),
-        when it holds weights equal to them (a fresh run's initial weights; a resumed run whose
-        engine held the trainer's step).  A resumed engine holding older weights keeps them
-        until the next push."""
+        """With ``share``: give the engine the trainer's tensors now (version :attr:`held`).
+        Called before a fresh run's first step, when both hold the initial weights; a resumed
+        run's engine gets its weights from :meth:`restore` instead (shared when they are the
+        trainer's, its own older ones otherwise, until the next push)."""
         if self.share:
             self.push(self.state_dict(), self.held)
 

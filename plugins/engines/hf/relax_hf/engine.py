@@ -140,8 +140,9 @@ class HFEngine:
     # ------------------------------------------------------------------ weights
     def update_weights(self, state_dict: Any, version: int, *, share: bool = False) -> None:
         """Copy new weights (Hugging Face names -> tensors) into the model in place; with
-        ``share=True`` keep the tensors of the engine's dtype and device as the model's
-        weights instead (no copy; see ``supports_shared_weights``).
+        ``share=True`` replace the model's storage instead: by the given tensors themselves
+        where dtype and device match (no copy), by converted copies elsewhere (see
+        ``supports_shared_weights`` and :func:`relax_core.models.load_state_dict_`).
 
         Raises:
             KeyError / ValueError: names or shapes that do not match the model.
