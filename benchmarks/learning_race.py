@@ -54,6 +54,7 @@ the ~70 evaluations (about 40 s each); on a shared machine the wall-clock figure
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -543,12 +544,19 @@ def trl_race_worker(a: argparse.Namespace) -> None:
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "trl_prompts.jsonl").open("w")
+    samples = (out / "trl_completions.jsonl").open("w")
+    calls = itertools.count()
 
     def reward(prompts, completions, label, **kw):
         for p in prompts[:: work.group]:
             log.write(json.dumps({"prompt": p[-1]["content"]}) + "\n")
         log.flush()
-        return e2e_reward.trl_reward(completions, label)
+        rewards = e2e_reward.trl_reward(completions, label)
+        k = next(calls)
+        samples.writelines(json.dumps({"call": k, "response": c[-1]["content"], "label": lab, "reward": r}) + "\n"
+                           for c, lab, r in zip(completions, label, rewards))
+        samples.flush()
+        return rewards
 
     trainer = _trl_trainer(a, work, rows, reward, save_strategy="steps", save_steps=work.save_every)
     (out / "trl_args.json").write_text(json.dumps({**trainer.args.to_dict(), "from_pretrained": a.model_dir}, default=str))
