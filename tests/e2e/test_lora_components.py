@@ -23,12 +23,14 @@ CASES = [pytest.param(("--config", str(ROOT / "examples" / "recipes" / f"{e}.yam
                   "--calculate-per-token-loss"), id="score_centering"),
     pytest.param(("--environment", "retry", "--max-turns", "2"), id="retry"),
     pytest.param(("--environment", "tools", "--max-turns", "2"), id="tools"),
+    pytest.param(("--correction", "routing_replay"), id="routing_replay"),  # on the tiny MoE model
 ]
 
 
 @pytest.mark.parametrize("extra", CASES)
-def test_trains_with_an_adapter(extra, tiny_model_dir, prompts_file, tmp_path):
-    code, out = run_train([*tiny_args(tiny_model_dir, prompts_file, tmp_path), *extra, *LORA])
+def test_trains_with_an_adapter(extra, request, prompts_file, tmp_path):
+    model = request.getfixturevalue("tiny_moe_model_dir" if "routing_replay" in extra else "tiny_model_dir")
+    code, out = run_train([*tiny_args(model, prompts_file, tmp_path), *extra, *LORA])
     assert code == 0, out
     assert "LoRA: the engine holds the adapted weights (step 1" in out
     recs = read_metrics(tmp_path / "run")

@@ -275,3 +275,26 @@ def test_gate_rule_identity(router):
     ref = model(seq).logits
     with replay_routes(model, nat, torch.arange(7).expand(2, -1)):
         torch.testing.assert_close(model(seq).logits, ref, rtol=0, atol=1e-6)
+
+
+def test_replay_through_a_lora_adapter():
+    """With a peft LoRA adapter on the attention (``--lora-rank``), the routers are still
+    found and replay keeps the rollout's experts while the adapter trains."""
+    peft = pytest.importorskip("peft")
+    model = tiny_moe()
+    seq, routes = generate(model)
+    pert, _ = _perturb_near_boundary(model, seq)
+    lora = peft.get_peft_model(pert, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    torch.manual_seed(5)
+    for name, p in lora.named_parameters():
+        if "lora_B" in name:  # peft starts B at zero: make the adapter change the hidden states
+            torch.nn.init.normal_(p, std=0.2)
+    assert len(moe_routers(lora)) == len(moe_routers(model))
+    fed = seq.shape[1] - 1
+    assert not torch.equal(natural_routes(lora, seq)[:, :fed], routes)  # free routing would differ
+    pos = torch.arange(fed).expand(B, -1)
+    with replay_routes(lora, routes, pos), record_routes(lora) as rec:
+        token_log_probs(lora(seq).logits, seq).sum().backward()
+    assert torch.equal(rec.routes()[:, :fed], routes)
+    grads = [p.grad for n, p in lora.named_parameters() if "lora_" in n]
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
