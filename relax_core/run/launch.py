@@ -255,7 +255,8 @@ def make_score(scorers: list[Any], cfg: Any, pools: list[Any] | None = None) -> 
     scorers (one per ``--reward``), each run in a worker pool with timeouts
     (:func:`relax_core.stages.rewarding.score_batch`; the prompts reach the scorers as
     ``metadata["prompt"]``), combined with ``--reward-weights``
-    (:mod:`relax_core.stages.reward_mix`: with several, each one's mean is ``rollout/reward/<name>``).
+    (:mod:`relax_core.stages.reward_mix`: with several, or a weight other than 1, each one's unweighted
+    mean is ``rollout/reward/<name>``).
     ``pools[j]``, where given, is the pool scorer ``j`` runs in (its Ray actor)."""
     from relax_core.stages import reward_mix, rewarding
 
@@ -271,7 +272,7 @@ def make_score(scorers: list[Any], cfg: Any, pools: list[Any] | None = None) -> 
             parts.append(rewards)
             for k, v in stats.items():
                 metrics[f"rollout/{k}"] = metrics.get(f"rollout/{k}", 0.0) + float(v)
-        if reward_mix.is_composite(cfg):
+        if reward_mix.is_composite(cfg) or weights != (1.0,):  # each part's own mean, whenever weighted
             metrics.update(reward_mix.part_metrics([s.reward for s in scorers], parts))
         return (parts[0] if weights == (1.0,) else reward_mix.combine(parts, weights)), metrics
 

@@ -292,12 +292,14 @@ class Rollout:
                      prompt_index=torch.as_tensor([indices[j] for j in rep]), weight_version=torch.full((b,), version),
                      labels=[rows[indices[j]]["label"] for j in rep], metadata=[rows[indices[j]]["metadata"] for j in rep])
 
-    def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+    def score(self, batch: Batch, task_only: bool = False) -> tuple[Batch, dict[str, float]]:
         """Raw rewards (NaN = unscored) and the scorer's error counts: the environment's
         episode reward where it gave one (``env_rewards``), else the scorer's of ``responses``;
         an episode ended by a failed environment call (``env_error``, ``env_timeout``) stays
         unscored.  With several ``--reward``, also each one's reward, ``reward_parts``
-        ``[B, J]`` (NaN where it did not score the sample: an environment's reward, a fault)."""
+        ``[B, J]`` (NaN where it did not score the sample: an environment's reward, a fault).
+        ``task_only``: the first ``--reward``'s own reward, not weighted by ``--reward-weights``
+        (the evaluation's: a pure-distillation run weighs its task reward by 0)."""
         env = batch.env_rewards
         if env is None:
             todo = list(range(batch.size))
@@ -307,9 +309,11 @@ class Rollout:
         pick = lambda xs: [xs[i] for i in todo]  # noqa: E731
         scored, metrics = self.c.score(pick(batch.responses), pick(batch.labels), pick(batch.metadata),
                                        pick(batch.prompts)) if todo else ([], {})
+        if task_only and hasattr(scored, "parts"):  # weighted (reward_mix.Combined): take the first part
+            scored = scored.parts[0]
         rewards = torch.full((batch.size,), math.nan) if env is None else env.clone()
         rewards[todo] = torch.tensor([math.nan if r is None else float(r) for r in scored])
-        if not is_composite(self.cfg):
+        if task_only or not is_composite(self.cfg):
             return batch.replace(rewards=rewards), metrics
         parts = torch.full((batch.size, len(self.cfg.reward)), math.nan)  # [B, J]; NaN = not scored by that one
         if todo:
@@ -402,7 +406,8 @@ class Rollout:
         with a fixed seed (comparable across steps) and the evaluation's own sampling
         (``--eval-temperature``, greedy by default, ``--eval-top-p`` and
         ``--eval-max-response-len``, each defaulting to its ``--rollout-*`` counterpart when
-        unset; without the top-k head a correction may ask of training rollouts); the metrics of
+        unset; without the top-k head a correction may ask of training rollouts), scored by the
+        first ``--reward`` alone and unweighted (the task's own scorer); the metrics of
         :func:`relax_core.evaluation.metrics.sample_metrics`, as ``relax eval`` computes them."""
         cfg = self.cfg
         idx = list(range(min(len(eval_data), cfg.eval_max_prompts)))
@@ -416,7 +421,7 @@ class Rollout:
         batch = self.generate(eval_data.rows, idx, cfg.n_samples_per_eval_prompt, sampling, 0)
         n = self.cfg.n_samples_per_eval_prompt
         shape = (len(idx), n)  # generate() repeats each prompt n times in a row
-        m = sample_metrics(self.score(batch)[0].rewards.view(shape), batch.response_lengths.view(shape),
+        m = sample_metrics(self.score(batch, task_only=True)[0].rewards.view(shape), batch.response_lengths.view(shape),
                            batch.truncated.view(shape))
         name = f"eval/{eval_data.name}"
         out = {f"{name}/reward_mean": m["reward_mean"].mean, f"{name}/pass@1": m["accuracy"].mean,

@@ -18,6 +18,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path[:0] = [str(BENCH), str(BENCH / "gpu")]
 import check as gpu_check  # noqa: E402
+import distillation  # noqa: E402
 import e2e_trl  # noqa: E402
 import learning_race  # noqa: E402
 import run_all  # noqa: E402
@@ -39,7 +40,8 @@ def _smoke(name: str) -> subprocess.CompletedProcess:
 def test_every_script_is_in_the_suite():
     """A new benchmark script must be added to run_all.SUITE (and so to this smoke test)."""
     listed = {p[2] for p in run_all.SUITE} | {"run_all.py", "e2e_reward.py"}
-    helpers = {"hf_torch_smollm2.py", "estimators.py", "tools_call_probe.py"}  # run on demand; estimators.py is imported by algorithm.py
+    # run on demand (distillation.py needs trained students); estimators.py is imported by algorithm.py
+    helpers = {"hf_torch_smollm2.py", "estimators.py", "tools_call_probe.py", "distillation.py"}
     assert {p.name for p in BENCH.glob("*.py")} - listed - helpers == set()
 
 
@@ -91,6 +93,39 @@ def test_script_smoke(name):
     p = _smoke(name)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip()
+
+
+def test_distillation_reverse_kl_is_zero_for_the_teacher_and_does_not_depend_on_padding(tmp_path):
+    """``distillation.reverse_kl`` on prompts of different lengths (so rows are left-padded)
+    and responses of 0-5 tokens: each row's value equals the same row computed alone (no
+    padding) to 1e-5; the teacher against itself gives 0; a noisy copy gives more than 0;
+    an empty response gives 0."""
+    from transformers import AutoModelForCausalLM
+
+    from relax_authoring.testing.models import make_tiny_model, noisy_copy
+
+    teacher_dir = make_tiny_model(tmp_path / "teacher", config={"initializer_range": 0.3})
+    teacher = AutoModelForCausalLM.from_pretrained(teacher_dir).eval()
+    student = AutoModelForCausalLM.from_pretrained(noisy_copy(teacher_dir, tmp_path / "student", sigma=0.1)).eval()
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [18, 19, 20]]
+    responses = [[30, 31, 32], [33, 34, 35, 36, 37], [], [38]]
+    batched = distillation.reverse_kl(student, teacher, prompts, responses, pad=0, chunk=4)
+    alone = [distillation.reverse_kl(student, teacher, [p], [r], pad=0)[0] for p, r in zip(prompts, responses)]
+    assert batched == pytest.approx(alone, abs=1e-5)
+    assert batched[2] == 0.0 and all(k > 0.01 for i, k in enumerate(batched) if i != 2)
+    assert distillation.reverse_kl(teacher, teacher, prompts, responses, pad=0) == pytest.approx([0.0] * 4, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_distillation_smoke():
+    """``distillation.py --smoke``: a tiny teacher against itself (0 nats) and a noisy copy of
+    it (more), on 4 prompts of the default held-out set."""
+    p = subprocess.run([sys.executable, str(BENCH / "distillation.py"), "--smoke"], capture_output=True, text=True,
+                       cwd=BENCH.parent, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): float(line.split("|")[2]) for line in p.stdout.splitlines()
+            if line.startswith(("| teacher |", "| noisy |"))}
+    assert rows["teacher"] == pytest.approx(0.0, abs=1e-4) and rows["noisy"] > 0.01, p.stdout
 
 
 def test_learning_race_epsilon_prediction_and_criteria():

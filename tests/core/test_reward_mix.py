@@ -55,6 +55,23 @@ def test_make_score_sums_the_weighted_parts_through_the_pool():
                        "rollout/reward/exact": pytest.approx(1 / 3), "rollout/reward/length": 1.5}
 
 
+def test_make_score_with_one_weighted_scorer_logs_and_keeps_its_own_reward():
+    """One --reward weighted 0 (pure distillation): every reward is 0, but the scorer's own
+    rewards stay reachable (``parts``, for the evaluation) and its mean is logged."""
+    from relax_core.run.launch import make_score
+
+    spec = RewardScorerSpec(name="exact", summary="exact", source="test", factory="rewarding_toy_scorers:build_exact")
+    reg = load_registry([("toys", make_plugin(spec))], entry_points=False)
+    cfg = RunConfig(reward=("exact",), reward_weights=(0.0,), reward_num_workers=1)
+    try:
+        rewards, metrics = make_score(resolve_scorers(cfg, reg), cfg)(["1", "2", "1"], ["1", "1", "1"], [{}] * 3,
+                                                                      ["p"] * 3)
+    finally:
+        shutdown_pools()
+    assert rewards == [0.0, 0.0, 0.0] and rewards.parts == [[1.0, 0.0, 1.0]]
+    assert metrics["rollout/reward/exact"] == pytest.approx(2 / 3)
+
+
 def test_every_problem_of_the_weights_is_listed():
     msgs = problems(RunConfig(reward=("math", "gsm8k", "math"), reward_weights=(1.0, math.inf)))
     assert [o for o, _, _ in msgs] == ["--reward", "--reward-weights", "--reward-weights"]

@@ -153,3 +153,28 @@ def test_a_scorer_that_fails_its_own_labels_is_refused_before_the_model_loads(ti
     code, out = run_eval([str(tiny_model_dir), "--eval-data", f"p={prompts_file}",
                           "--custom-rm-path", "relax_e2e_scorers:always_zero"])
     assert code == 2 and "relax eval: error: " in out and "a correct answer cannot score" in out, out
+
+
+def test_a_pure_distillation_run_evaluates_with_the_task_scorer_unweighted(lively_model_dir, prompts_file, tmp_path):
+    """``--reward-weights 0`` (pure distillation) makes every training reward 0, but the
+    held-out evaluation must score with the task's own scorer, unweighted, as ``relax eval``
+    does (it once reported 0 % for a model at 17 %), and ``rollout/reward/<name>`` must log the
+    unweighted task reward of the training samples."""
+    code, out = run_train(tiny_args(lively_model_dir, prompts_file, tmp_path, "--num-rollout", "1",
+                                    "--correction", "opd", "--teacher-model", str(lively_model_dir),
+                                    "--reward-weights", "0", "--eval-data", f"p={prompts_file}", "--eval-interval",
+                                    "1", "--eval-max-prompts", "4", "--eval-max-response-len", "8",
+                                    "--no-exclude-eval-prompts"))
+    assert code == 0, out
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    before = next(r for r in rows if r["step"] == 0 and "eval/p/reward_mean" in r)
+    code, out = run_eval([str(lively_model_dir), "--eval-data", f"p={prompts_file}", *SCORER,
+                          "--eval-max-response-len", "8", "--max-prompts", "4", "--out", str(tmp_path / "eval")])
+    assert code == 0, out
+    greedy = json.loads((tmp_path / "eval" / "eval.json").read_text())["sets"]["p"]["greedy"]
+    assert greedy["reward_mean"]["mean"] > 0.05  # vowel fractions: the check can fail
+    assert before["eval/p/reward_mean"] == pytest.approx(greedy["reward_mean"]["mean"], rel=1e-6)
+    step = next(r for r in rows if "train/loss" in r)
+    assert step["rollout/raw_reward"] == 0.0  # the weighted sum the estimator sees
+    task = [v for k, v in step.items() if k.startswith("rollout/reward/")]
+    assert len(task) == 1 and task[0] > 0.05, step

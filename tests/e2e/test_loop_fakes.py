@@ -455,8 +455,9 @@ def test_evaluation_reports_pass_at_1_with_its_standard_error_over_prompts(tmp_p
     rollout = tr.source.rollout
     real = rollout.score
 
-    def fixed(batch):
-        scored, metrics = real(batch)
+    def fixed(batch, task_only=False):
+        assert task_only  # the evaluation scores with the task's own scorer, unweighted
+        scored, metrics = real(batch, task_only)
         return scored.replace(rewards=torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0])), metrics
 
     monkeypatch.setattr(rollout, "score", fixed)
