@@ -371,6 +371,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
     from relax_core.host.reward_check import RewardWatch
     from relax_core.reporting.metrics import git_commit
     from relax_core.run.components import Components
+    from relax_core.stages import reward_mix
     from relax_core.stages.episodes import build_runner
     from relax_core.stages.rewarding import build_processors
     from relax_core.trainer import build_trainer
@@ -427,7 +428,9 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
                       needs_top_k=top_k > 0, routing_replay=routed, critic_settings=critic_settings)
 
     pools = runtime.scorer_pools(scorers, cfg.reward_num_workers) if runtime else None  # model rewards' actors
-    score = RewardWatch(make_score(scorers, cfg, pools), scorers, notify=display.message)
+    score = make_score(scorers, cfg, pools)
+    if any(reward_mix.weights(cfg)):  # every weight 0 (pure distillation): rewards 0 by design, nothing to watch
+        score = RewardWatch(score, scorers, notify=display.message)
     comps = Components(
         engine=engine, backend=backend, estimator=estimator, corrections=corrections,
         advantage_terms=advantage_terms, processors=processors,
