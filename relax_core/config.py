@@ -136,6 +136,7 @@ class RunConfig:
     lora_rank: int = opt(0, "LoRA rank r: train low-rank adapters W + (α/r)·B·A on --lora-target-modules instead of every weight (0 = full fine-tuning).", ge=0, group="lora")
     lora_alpha: float = opt(16.0, "LoRA α: the adapter's output is scaled by α/r.", gt=0, group="lora")
     lora_dropout: float = opt(0.0, "Dropout on the adapter's input, in the training forward only (the old-log-prob and rollout forwards have none).", ge=0, group="lora")
+    lora_engine_adapter: bool = opt(True, "Push the adapter alone to a rollout engine that takes LoRA adapters (its `LoRA adapters` capability: vllm), which applies it to its base weights; off, or with any other engine, the merged weights W + (α/r)·B·A are pushed.", group="lora")
     lora_target_modules: tuple[str, ...] = opt((), "Module name to adapt (repeatable; the last part of the name, e.g. q_proj). Default: the training backend's, per architecture (`relax plugins show torch`: attention and MLP projections for Llama/SmolLM2 and Qwen3, attention projections for Qwen3-MoE).", repeat=True, group="lora")
 
     # ---- rollout

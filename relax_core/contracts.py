@@ -320,6 +320,40 @@ class GenerationOutput(Fields):
     stages: ClassVar[frozenset[str] | None] = frozenset({"rollout"})
 
 
+@dataclass(frozen=True, kw_only=True)
+class AdapterWeights:
+    """A LoRA adapter as PEFT saves it (``PeftModel.save_pretrained``), in memory: what a
+    LoRA run pushes to an engine declaring
+    :attr:`~relax_core.specs.EngineCapabilities.supports_lora_adapters` instead of the merged
+    weights (the base model's weights stay in the engine; only the adapter moves).
+
+    Attributes:
+        tensors: the ``adapter_model.safetensors`` entries, PEFT's names
+            (``base_model.model.<module>.lora_A.weight`` ``[r, d_in]``,
+            ``....lora_B.weight`` ``[d_out, r]``), float tensors on the CPU.
+        config: the ``adapter_config.json`` object (``peft_type`` ``"LORA"``, ``r``,
+            ``lora_alpha``, ``target_modules``, ...): the layer computes
+            ``W x + (lora_alpha / r) · B A x`` (Hu et al. 2021, arXiv 2106.09685, eq. 3).
+    """
+
+    tensors: dict[str, Tensor]
+    config: dict[str, Any]
+
+    def save(self, path: Any) -> None:
+        """Write the PEFT adapter directory ``path`` (created if missing):
+        ``adapter_model.safetensors`` and ``adapter_config.json``, loadable by
+        ``peft.PeftModel.from_pretrained(base, path)`` and by vLLM's ``LoRARequest``."""
+        import json
+        from pathlib import Path
+
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().contiguous() for k, v in self.tensors.items()}, str(path / "adapter_model.safetensors"))
+        (path / "adapter_config.json").write_text(json.dumps(self.config, indent=2))
+
+
 class RolloutEngine(Protocol):
     """What an engine factory returns (``factory(params, config)``)."""
 
@@ -333,7 +367,11 @@ class RolloutEngine(Protocol):
         (passed only to engines declaring
         :attr:`~relax_core.specs.EngineCapabilities.supports_shared_weights`): the engine may
         keep these tensors as its weights rather than copy them; the caller changes them only
-        between generation calls and calls ``update_weights`` after each change."""
+        between generation calls and calls ``update_weights`` after each change.  In a LoRA
+        run, an engine declaring
+        :attr:`~relax_core.specs.EngineCapabilities.supports_lora_adapters` gets an
+        :class:`AdapterWeights` instead (unless ``--no-lora-engine-adapter``): it samples
+        from its base weights with that adapter applied, replacing the previous one."""
 
     def shutdown(self) -> None: ...
 
@@ -447,6 +485,10 @@ class TrainBackend(Protocol):
     def optimizer_steps(self, role: str = "actor") -> int: ...
 
     def engine_state_dict(self) -> Any: ...
+
+    def engine_adapter(self) -> AdapterWeights:
+        """LoRA runs of backends declaring ``supports_lora``: the actor's adapter alone, for
+        engines that take adapters (:class:`AdapterWeights`)."""
 
     def save_checkpoint(self, path: str, include_optimizer: bool = True) -> None:
         """Write the trained roles' weights (and, unless ``include_optimizer`` is False,

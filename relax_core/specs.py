@@ -304,6 +304,11 @@ class EngineCapabilities:
     only between generation calls, pushing after every change: a synchronous local run with
     ``--update-weights-interval 1``, where the trainer's weights then serve the engine too
     (one copy of the model in memory, not two)."""
+    supports_lora_adapters: bool = False
+    """In a LoRA run (``--lora-rank``) ``update_weights`` takes the adapter alone
+    (:class:`~relax_core.contracts.AdapterWeights`, PEFT format) and applies it to its base
+    weights, instead of the merged weights; ``--no-lora-engine-adapter`` pushes merged weights
+    anyway.  The engine's factory reads ``--lora-rank`` to reserve room for the adapter."""
     supports_tensor_parallel: bool = False
     supports_sampling_penalties: bool = False
     supports_stop_strings: bool = False
@@ -344,7 +349,9 @@ class BackendCapabilities:
     supports_lora: bool = False
     """Trains LoRA adapters (``--lora-rank > 0``, :mod:`relax_core.run.lora`): only the adapters
     are optimised and checkpointed, ``engine_state_dict`` gives the merged weights under the
-    base model's names, and the ``ref`` role is the base model with the adapter disabled."""
+    base model's names, ``engine_adapter`` the adapter alone
+    (:class:`~relax_core.contracts.AdapterWeights`), and the ``ref`` role is the base model
+    with the adapter disabled."""
     lora_default_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """The modules it adapts when ``--lora-target-modules`` is not given, by Hugging Face
     ``model_type`` (e.g. ``{"llama": ("q_proj", "k_proj", ...)}``); a LoRA run on a model type

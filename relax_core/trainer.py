@@ -307,7 +307,8 @@ def build_trainer(cfg: Any, comps: Components, train_data: Any, eval_data: Any, 
     """The loop for the run's mode: a pushing publisher and a :class:`SyncSource`, or with
     ``--fully-async`` a posting publisher and an :class:`AsyncSource` (the engine and the
     backend in ``comps`` are local objects or Ray proxies)."""
-    publisher = Publisher(comps.engine, comps.backend.engine_state_dict, cfg.update_weights_interval,
+    weights = comps.backend.engine_adapter if comps.push_adapter else comps.backend.engine_state_dict
+    publisher = Publisher(comps.engine, weights, cfg.update_weights_interval,
                           post=cfg.fully_async, share=comps.share_weights)
     rollout = Rollout(cfg, comps, train_data, publisher)
     source = AsyncSource(rollout, cfg.max_staleness) if cfg.fully_async else SyncSource(rollout)

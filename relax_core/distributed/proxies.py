@@ -307,6 +307,12 @@ class RayBackend:
         refs = [w.engine_state_dict.remote() for w in self._replica0()]
         return refs[0]
 
+    def engine_adapter(self) -> Any:
+        """An ``ObjectRef`` of replica 0's LoRA adapter (:class:`~relax_core.contracts.AdapterWeights`),
+        passed on like :meth:`engine_state_dict`'s weights."""
+        refs = [w.engine_adapter.remote() for w in self._replica0()]
+        return refs[0]
+
     def save_checkpoint(self, path: str, include_optimizer: bool = True) -> None:
         """The first replica writes (data-parallel replicas hold equal weights and
         optimizer states); ``path`` must be on storage the driver and those ranks share

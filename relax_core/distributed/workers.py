@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from relax_core.batch import Batch
@@ -273,6 +273,10 @@ class TrainWorker:
 
     def engine_state_dict(self) -> dict:
         return {k: v.detach().cpu().clone() for k, v in self.backend.engine_state_dict().items()}
+
+    def engine_adapter(self) -> Any:
+        adapter = self.backend.engine_adapter()
+        return replace(adapter, tensors={k: v.detach().cpu().clone() for k, v in adapter.tensors.items()})
 
     def save_checkpoint(self, path: str, include_optimizer: bool = True) -> None:
         self.backend.save_checkpoint(path, include_optimizer=include_optimizer)

@@ -399,6 +399,7 @@ CAPABILITIES: tuple[Capability, ...] = (
                lambda ctx, c: "cannot take weight updates from the trainer" if not c.supports_weight_update and not ctx.cfg.load_debug_rollout_data else None,
                "choose an engine that supports weight updates"),
     Capability(G, "supports_shared_weights", "shared weights", "Can serve from the trainer's weight tensors instead of a copy (a synchronous local run pushing every step: one copy of the model in memory)."),
+    Capability(G, "supports_lora_adapters", "LoRA adapters", "In a LoRA run, takes the adapter alone (PEFT format) and applies it to its base weights, instead of the merged weights (--no-lora-engine-adapter: merged anyway)."),
     Capability(G, "supports_tensor_parallel", "TP", "Splits one engine over several devices.",
                lambda ctx, c: f"cannot split an engine over {ctx.cfg.rollout_num_gpus_per_engine} devices" if ctx.cfg.rollout_num_gpus_per_engine > 1 and not c.supports_tensor_parallel else None,
                "use --rollout-num-gpus-per-engine 1"),

@@ -41,5 +41,8 @@ class Components:
     share_weights: bool = False
     """The publisher pushes with ``share=True``: a synchronous local run pushing every step
     to an engine that declares ``supports_shared_weights``."""
+    push_adapter: bool = False
+    """A LoRA run pushes the adapter alone (``backend.engine_adapter``) rather than the merged
+    weights: the engine declares ``supports_lora_adapters`` and ``--lora-engine-adapter`` is on."""
     episodes: Any = None
     """The :class:`~relax_core.stages.episodes.EpisodeRunner` of ``--environment`` (``None``: single turn)."""

@@ -440,12 +440,14 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
         rollout_fields=rollout_fields, top_k=top_k,
         num_critic_only_steps=critic_settings.num_critic_only_steps if critic_settings else 0,
         share_weights=shares_weights(cfg, ctx.engine.caps, ray=runtime is not None),
+        push_adapter=cfg.lora_rank > 0 and cfg.lora_engine_adapter and ctx.engine.caps.supports_lora_adapters,
         adapter_check=AdapterCheck(engine, backend, cfg, display.message) if cfg.lora_rank else None)
     trainer = build_trainer(cfg, comps, train_data, eval_data, run_dir, est_caps.behaviour_numerator, config_dict)
     info = {
         "relax_core": __import__("relax_core").__version__, "plugins": plugin_versions(reg),
         "git_commit": git_commit(Path(__file__).resolve().parent), "python": sys.version.split()[0],
         "torch": torch.__version__, "old_log_probs": ["detach(current)", "recomputed", "rollout"][trainer.old_logp_source],
+        "engine_weights": "lora adapter" if comps.push_adapter else "shared" if comps.share_weights else "state dict",
         "train_data": {"name": train_data.name, "rows": len(train_data), "skipped_rows": train_data.skipped,
                        "eval_prompt_rows_left_out": train_data.held_out},
         "eval_data": None if eval_data is None else {"name": eval_data.name, "rows": len(eval_data)},

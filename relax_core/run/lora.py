@@ -28,7 +28,8 @@ def lora_problems(cfg: Any) -> list[tuple[str, str, str]]:
     out = []
     if cfg.lora_rank == 0:
         defaults = {f.name: f.default for f in dataclasses.fields(type(cfg))}
-        unused = ["--" + o.replace("_", "-") for o in ("lora_alpha", "lora_dropout", "lora_target_modules", "save_hf_merged")
+        unused = [("--no-" if getattr(cfg, o) is False else "--") + o.replace("_", "-")
+                  for o in ("lora_alpha", "lora_dropout", "lora_target_modules", "lora_engine_adapter", "save_hf_merged")
                   if getattr(cfg, o) != defaults[o]]
         if unused:
             out.append(("--lora-rank", f"{', '.join(unused)} set without --lora-rank: it would be a silent no-op",

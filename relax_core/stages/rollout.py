@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from relax_core.batch import TOP_K_HEAD, Batch
-from relax_core.contracts import RewardBatch, SamplingParams
+from relax_core.contracts import AdapterWeights, RewardBatch, SamplingParams
 from relax_core.data import Dataset, encode_prompts
 from relax_core.environments import EPISODE_ENDS, FAULT_ENDS
 from relax_core.evaluation.metrics import sample_metrics
@@ -234,6 +234,8 @@ class Publisher:
 def _cpu_copy(weights: Any) -> Any:
     if isinstance(weights, dict):
         return {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
+    if isinstance(weights, AdapterWeights):
+        return dataclasses.replace(weights, tensors=_cpu_copy(weights.tensors))
     return weights  # an object reference (Ray): immutable
 
 

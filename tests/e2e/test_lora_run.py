@@ -65,3 +65,49 @@ def test_a_push_that_never_reaches_the_engine_stops_the_run(tiny_model_dir, prom
     code, out = run_train(tiny_args(tiny_model_dir, prompts_file, tmp_path, *LORA, "--no-save-hf"))
     assert code == EXIT_ADAPTER_NOT_REACHED, out
     assert "the LoRA adapter did not reach the rollout engine 'hf': after the weight push of step 1" in out
+
+
+@pytest.fixture
+def adapter_engine(monkeypatch):
+    """``--rollout-engine hf_adapters``: the hf engine declaring ``supports_lora_adapters``
+    (tests/e2e/relax_toy_adapters.py), registered beside the installed plugins."""
+    import relax_toy_adapters
+    from relax_core.host import plugins
+
+    monkeypatch.setattr(plugins, "_DEFAULT", plugins.load_registry(
+        [("toy-adapters", relax_toy_adapters.Plugin(), "relax-toy-adapters", "0.1")]))
+    relax_toy_adapters.ENGINES.clear()
+    return relax_toy_adapters.ENGINES
+
+
+def test_an_engine_that_takes_adapters_gets_the_adapter_alone_and_samples_as_with_merged_weights(
+        tiny_model_dir, prompts_file, tmp_path, adapter_engine):
+    """The push is the adapter (``AdapterWeights``), not the merged weights, where the engine
+    declares ``supports_lora_adapters``; the run is the merged-weights run value for value
+    (the engine applies the same ``W + (α/r) B A``), and ``--no-lora-engine-adapter`` pushes
+    merged weights to it."""
+    args = lambda out, *more: tiny_args(tiny_model_dir, prompts_file, out, *LORA, "--num-rollout", "2",  # noqa: E731
+                                        "--lr", "1e-2", "--no-save-hf", "--rollout-engine", "hf_adapters", *more)
+    code, out = run_train(args(tmp_path / "a"))
+    assert code == 0, out
+    assert "LoRA: the engine holds the adapted weights (step 1" in out
+    assert adapter_engine[-1].pushed == ["adapter", "adapter"]
+    code, out = run_train(args(tmp_path / "b", "--no-lora-engine-adapter"))
+    assert code == 0, out
+    assert adapter_engine[-1].pushed == ["weights", "weights"]
+    strip = lambda recs: [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in recs]  # noqa: E731
+    a, b = strip(read_metrics(tmp_path / "a" / "run")), strip(read_metrics(tmp_path / "b" / "run"))
+    assert a[1]["rollout/raw_reward"] == b[1]["rollout/raw_reward"]  # step 2 sampled from the adapted weights
+    assert [r.keys() for r in a] == [r.keys() for r in b]
+    assert all(x == pytest.approx(y, rel=1e-5, abs=1e-6) for x, y in zip(a, b))
+
+
+def test_an_adapter_push_that_never_reaches_the_engine_stops_the_run(tiny_model_dir, prompts_file, tmp_path,
+                                                                     adapter_engine, monkeypatch):
+    import relax_toy_adapters
+
+    monkeypatch.setattr(relax_toy_adapters.AdapterHFEngine, "update_weights", lambda self, *a, **kw: None)
+    code, out = run_train(tiny_args(tiny_model_dir, prompts_file, tmp_path, *LORA, "--no-save-hf",
+                                    "--rollout-engine", "hf_adapters"))
+    assert code == EXIT_ADAPTER_NOT_REACHED, out
+    assert "the LoRA adapter did not reach the rollout engine 'hf_adapters'" in out

@@ -59,12 +59,18 @@ import torch
 from torch import Tensor, nn
 
 from relax_core.batch import Batch
-from relax_core.contracts import ForwardOutput, Gradients
+from relax_core.contracts import AdapterWeights, ForwardOutput, Gradients
 from relax_core.models import load_model, load_state_dict_, load_tokenizer
 from relax_core.stages.optimizer import step_torch_optimizer
 from relax_torch.layout import EXACT_ATTENTION, build_layout, group_of, layout_positions
 from relax_torch.logprobs import token_log_probs
-from relax_torch.lora import adapter_state_dict, add_adapter, load_adapter_state_dict_, merged_state_dict
+from relax_torch.lora import (
+    adapter_state_dict,
+    add_adapter,
+    engine_adapter,
+    load_adapter_state_dict_,
+    merged_state_dict,
+)
 
 ROLES = ("actor", "ref", "critic", "teacher")
 
@@ -533,6 +539,15 @@ class TorchBackend:
         if self.peft is not None:
             return merged_state_dict(self.models["actor"])
         return {k: v.detach() for k, v in self.models["actor"].state_dict().items()}
+
+    def engine_adapter(self) -> AdapterWeights:
+        """LoRA runs: the actor's adapter in PEFT format (:func:`relax_torch.lora.engine_adapter`).
+
+        Raises:
+            RuntimeError: not a LoRA run."""
+        if self.peft is None:
+            raise RuntimeError("engine_adapter() needs a LoRA run (--lora-rank > 0)")
+        return engine_adapter(self.peft)
 
     def save_checkpoint(self, path: str, include_optimizer: bool = True) -> None:
         """Write ``path/`` with, per trained role, ``<role>.safetensors`` (weights),

@@ -10,16 +10,19 @@ into the Hugging Face model in place: the model keeps its type and attributes
 
 - :func:`merged_state_dict`: the base model's names, each adapted weight replaced by
   ``W + (α/r) · B A`` (peft's ``get_delta_weight``), for engines that load a full state dict;
+- :func:`engine_adapter`: the adapter in PEFT's format, for engines that take adapters;
 - :func:`adapter_state_dict`: the trainable (adapter) tensors only, for checkpoints.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from relax_core.contracts import AdapterWeights
 from relax_torch.plugin import DEFAULT_TARGET_MODULES, EMBEDDINGS
 
 ADAPTER = "default"  # peft's adapter name
@@ -92,6 +95,20 @@ def merged_state_dict(model: nn.Module) -> dict[str, Tensor]:
             base = layer.get_base_layer()
             out[f"{name}.weight"] = base.weight.detach() + layer.get_delta_weight(ADAPTER).to(base.weight.dtype)
     return out
+
+
+def engine_adapter(peft_model: Any) -> AdapterWeights:
+    """The adapter as ``peft_model.save_pretrained`` would write it (tensors under PEFT's
+    saved names, ``base_model.model.<module>.lora_A.weight``; the config as
+    ``adapter_config.json``), in memory: what an engine declaring
+    ``supports_lora_adapters`` gets.  The tensors are detached copies on the CPU."""
+    from peft import get_peft_model_state_dict
+
+    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in get_peft_model_state_dict(peft_model).items()}
+    config = peft_model.peft_config[ADAPTER].to_dict()
+    config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}  # JSON, as save_pretrained writes it
+    config["inference_mode"] = True  # as save_pretrained writes it
+    return AdapterWeights(tensors=tensors, config=json.loads(json.dumps(config, default=str)))
 
 
 def adapter_state_dict(model: nn.Module) -> dict[str, Tensor]:

@@ -159,6 +159,39 @@ def test_save_hf_writes_the_peft_adapter_and_on_request_the_merged_model(tiny_mo
         torch.testing.assert_close(merged(input_ids=ids).logits, want, atol=1e-10, rtol=0)
 
 
+def test_the_engine_adapter_is_peft_s_saved_format_and_gives_the_trainer_s_logits(tiny_model_dir, tmp_path):
+    """What an engine that takes adapters (vllm) gets: the tensors ``save_pretrained`` writes
+    (names and values) and its config's LoRA fields, which PEFT loads onto the base model as
+    the trainer's model."""
+    import json
+
+    from peft import PeftModel
+
+    be = lora_backend(tiny_model_dir)
+    move_adapter(be, seed=3)
+    adapter = be.engine_adapter()
+    assert all(v.device.type == "cpu" for v in adapter.tensors.values())
+    be.save_hf(str(tmp_path / "saved"))
+    saved = load_file(str(tmp_path / "saved" / "adapter_model.safetensors"))
+    assert set(adapter.tensors) == set(saved) and all(torch.equal(adapter.tensors[k], saved[k]) for k in saved)
+    assert all(k.startswith("base_model.model.") and ".lora_" in k and ".default." not in k for k in saved)
+    config = json.loads((tmp_path / "saved" / "adapter_config.json").read_text())
+    same = ("peft_type", "r", "lora_alpha", "lora_dropout", "bias", "use_rslora", "use_dora", "inference_mode")
+    assert {k: adapter.config[k] for k in same} == {k: config[k] for k in same}
+    assert set(adapter.config["target_modules"]) == set(config["target_modules"]) == DENSE
+    assert (config["r"], config["lora_alpha"]) == (RANK, ALPHA)
+    adapter.save(tmp_path / "pushed")
+    loaded = PeftModel.from_pretrained(load_model(str(tiny_model_dir), dtype=torch.float64), str(tmp_path / "pushed"))
+    ids = torch.tensor([[5, 17, 300, 2, 9]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, be.models["actor"](input_ids=ids).logits,
+                                   atol=1e-10, rtol=0)
+    adapter.tensors[next(iter(adapter.tensors))].add_(1.0)  # a copy: the live adapter does not move
+    assert torch.equal(be.engine_adapter().tensors[next(iter(adapter.tensors))], saved[next(iter(adapter.tensors))])
+    with pytest.raises(RuntimeError, match="--lora-rank"):
+        make_backend(tiny_model_dir).engine_adapter()
+
+
 def _adapted(model_dir, **cfg) -> set[str]:
     model = load_model(str(model_dir))
     add_adapter(model, RunConfig(model=str(model_dir), lora_rank=2, **cfg))

@@ -19,6 +19,13 @@ stop string (``include_stop_str_in_output``), as in the hf engine.
 Weight updates write the Hugging Face state dict to a safetensors file in a private
 directory and call the worker's ``reload_weights(weights_path=dir)`` through
 ``collective_rpc`` (a method name, so no callable is pickled), then reset the prefix cache.
+
+LoRA runs (``--lora-rank``, unless ``--no-lora-engine-adapter``): the engine is built with
+vLLM's LoRA support (``enable_lora``, ``max_lora_rank`` the smallest vLLM allows at or above
+the rank) and keeps the base weights; a push is the adapter alone
+(:class:`~relax_core.contracts.AdapterWeights`), written as a PEFT directory and used from
+then on as the ``LoRARequest`` of every generation, under a new adapter id (vLLM caches
+adapters by id, and its prefix cache keys on it); the previous adapter is removed.
 """
 
 from __future__ import annotations
@@ -33,7 +40,30 @@ from typing import Any, Sequence
 import torch
 
 from relax_core.batch import length_mask
-from relax_core.contracts import GenerationOutput, SamplingParams
+from relax_core.contracts import AdapterWeights, GenerationOutput, SamplingParams
+
+#: vLLM's ``max_lora_rank`` values where its version does not list them (``MaxLoRARanks``).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of ``rank``.
+
+    Raises:
+        ValueError: ``rank`` is above vLLM's largest."""
+    import typing
+
+    try:
+        from vllm.config.lora import MaxLoRARanks
+
+        ranks = tuple(sorted(int(r) for r in typing.get_args(MaxLoRARanks)))
+    except ImportError:
+        ranks = LORA_RANKS
+    fits = [r for r in ranks if r >= rank]
+    if not fits:
+        raise ValueError(f"--lora-rank {rank} is above vLLM's largest adapter rank {ranks[-1]}: use a smaller rank, "
+                         "or --no-lora-engine-adapter (merged weights)")
+    return fits[0]
 
 
 def to_generation_output(completions: Sequence[Any], *, pad_id: int, top_k: int) -> GenerationOutput:
@@ -100,7 +130,8 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, tokenizer: Any, *, seed: int = 0, max_model_len: int = 2048,
                  tensor_parallel_size: int = 1, cpu_kv_cache_gib: int = 1,
-                 gpu_memory_utilization: float = 0.5, enforce_eager: bool = True, max_top_k: int = 20) -> None:
+                 gpu_memory_utilization: float = 0.5, enforce_eager: bool = True, max_top_k: int = 20,
+                 lora_rank: int = 0) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))
         from vllm import LLM
@@ -108,6 +139,8 @@ class VLLMEngine:
         kwargs: dict[str, Any] = {}
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if lora_rank:
+            kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora_rank), max_loras=1)
         self.llm = LLM(model=model_path, tokenizer=model_path, dtype="float32" if not torch.cuda.is_available() else "auto",
                        seed=seed, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
                        enforce_eager=enforce_eager, logprobs_mode="processed_logprobs", max_logprobs=max_top_k,
@@ -116,6 +149,8 @@ class VLLMEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.version = 0
         self._weights_dir = Path(tempfile.mkdtemp(prefix="relax-vllm-weights-"))
+        self.lora_rank = lora_rank
+        self._lora: Any = None  # the LoRARequest of the adapter pushed last (None: the base weights)
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> GenerationOutput:
         """Sample one response per prompt (repeat a prompt for a group).
@@ -134,15 +169,24 @@ class VLLMEngine:
             raise ValueError("a top-k head needs temperature > 0, top-p 1 and top-k off (it is the full-vocabulary "
                              f"softmax at the sampling temperature); got {sampling}")
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids],
-                                 vllm_sampling_params(sampling, len(prompt_ids)), use_tqdm=False)
+                                 vllm_sampling_params(sampling, len(prompt_ids)), use_tqdm=False,
+                                 lora_request=self._lora)
         out = to_generation_output([o.outputs[0] for o in outs], pad_id=self.pad_id, top_k=sampling.return_top_k)
         if sampling.temperature == 0:  # greedy: a point mass
             out = out.replace(rollout_log_probs=torch.zeros_like(out.rollout_log_probs))
         return out
 
     def update_weights(self, state_dict: Any, version: int) -> None:
-        """Load new weights (Hugging Face names) in place, without restarting the engine."""
+        """Load new weights (Hugging Face names) in place, without restarting the engine; an
+        :class:`~relax_core.contracts.AdapterWeights` (LoRA runs) replaces the adapter instead.
+
+        Raises:
+            ValueError: an adapter given to an engine built without LoRA support."""
         from safetensors.torch import save_file
+
+        if isinstance(state_dict, AdapterWeights):
+            self._set_adapter(state_dict, version)
+            return
 
         path = self._weights_dir / "model.safetensors"
         # clone: tied tensors (lm_head = embed_tokens) share storage, which safetensors refuses
@@ -150,6 +194,22 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._weights_dir)})
         self.llm.reset_prefix_cache()
         path.unlink()
+        self.version = version
+
+    def _set_adapter(self, adapter: AdapterWeights, version: int) -> None:
+        from vllm.lora.request import LoRARequest
+
+        if not self.lora_rank:
+            raise ValueError("a LoRA adapter was pushed to a vllm engine built without LoRA support "
+                             "(its factory reads --lora-rank)")
+        previous = self._lora
+        number = 1 if previous is None else previous.lora_int_id + 1
+        path = self._weights_dir / f"adapter-{number}"
+        adapter.save(path)
+        self._lora = LoRARequest(f"relax-step-{version}", number, str(path))
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
         self.version = version
 
     def shutdown(self) -> None:
@@ -178,4 +238,5 @@ def build(params: Any, config: Any) -> VLLMEngine:
     return VLLMEngine(resolve_model_path(config.model), load_tokenizer(config.model), seed=config.seed,
                       max_model_len=params.max_model_len, tensor_parallel_size=config.rollout_num_gpus_per_engine,
                       cpu_kv_cache_gib=params.cpu_kv_cache_gib, gpu_memory_utilization=params.gpu_memory_utilization,
-                      enforce_eager=params.enforce_eager)
+                      enforce_eager=params.enforce_eager,
+                      lora_rank=config.lora_rank if config.lora_engine_adapter else 0)

@@ -24,7 +24,7 @@ class VLLMParams:
 def relax_register_rollout_engines():
     return [EngineSpec(
         name="vllm",
-        summary="vLLM (LLM in-process): log-probs of the sampling distribution (processed_logprobs), top-k, weight reload.",
+        summary="vLLM (LLM in-process): log-probs of the sampling distribution (processed_logprobs), top-k, weight reload, native LoRA adapters.",
         source="Kwon et al. 2023, Efficient Memory Management for LLM Serving with PagedAttention (SOSP'23); vLLM 0.32",
         factory="relax_vllm.engine:build",
         params=VLLMParams,
@@ -32,6 +32,7 @@ def relax_register_rollout_engines():
             devices=frozenset({"cpu", "cuda"}),
             provides_fields=frozenset({"rollout_log_probs", "top_k_ids", "top_k_log_probs"}),  # no routed experts
             supports_weight_update=True,
+            supports_lora_adapters=True,  # enable_lora + LoRARequest
             supports_tensor_parallel=True,
             supports_sampling_penalties=True,
             supports_stop_strings=True,

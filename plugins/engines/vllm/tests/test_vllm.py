@@ -1,7 +1,7 @@
 """vLLM engine: output packing (no vLLM needed), install hint, and, where vLLM is installed
 (``.venv-vllm``, see ``.ci/vllm.sh``), log-probs equal to transformers' for the same
 weights before and after a weight push, multi-turn episodes trained on exactly the sampled
-ids, seeds and stop strings."""
+ids, seeds and stop strings (LoRA adapters: ``test_vllm_lora.py``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from relax_core.batch import TOP_K_HEAD  # noqa: E402
 from relax_core.contracts import SamplingParams  # noqa: E402
-from relax_vllm.engine import to_generation_output  # noqa: E402
+from relax_vllm.engine import to_generation_output, vllm_lora_rank  # noqa: E402
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 sys.path.insert(0, str(Path(__file__).parent))
@@ -64,6 +64,20 @@ def test_choosing_vllm_without_it_gives_install_hint():
         spec.build(None, None)
 
 
+def test_the_engine_reserves_the_smallest_vllm_lora_rank_that_holds_the_adapter():
+    from relax_vllm.engine import LORA_RANKS
+
+    assert [vllm_lora_rank(r) for r in (1, 4, 8, 9, 16, 64, 512)] == [1, 8, 8, 16, 16, 64, 512]
+    with pytest.raises(ValueError, match="--lora-rank 513 is above vLLM's largest adapter rank 512.*--no-lora-engine-adapter"):
+        vllm_lora_rank(513)
+    if HAS_VLLM:  # the fallback list is the installed vLLM's
+        import typing
+
+        from vllm.config.lora import MaxLoRARanks
+
+        assert LORA_RANKS == typing.get_args(MaxLoRARanks)
+
+
 # ------------------------------------------------------------------ live vLLM (slow)
 
 
@@ -98,8 +112,11 @@ def _hf_log_probs(model, prompts, out, temperature):
     return lps, heads
 
 
+PROMPTS = [[1, 2, 3, 4], [10, 20, 30], [7, 7, 7, 7, 7, 7]]
+
+
 def _check_against_hf(engine, model, seed):
-    prompts = [[1, 2, 3, 4], [10, 20, 30], [7, 7, 7, 7, 7, 7]]
+    prompts = PROMPTS
     s = SamplingParams(temperature=0.7, max_new_tokens=12, seed=seed, fields=TOP_K_HEAD, top_k_width=3)
     out = engine.generate(prompts, s)
     assert out.response_lengths.min() >= 1
@@ -189,6 +206,15 @@ def test_multi_turn_trained_ids_are_the_sampled_ids(engine, tiny_dir):
             logits = model(ids).logits[0, len(prompts[b]) - 1:-1].double()
         forced = logits.log_softmax(-1).gather(1, ids[0, len(prompts[b]):, None]).squeeze(1)
         assert (forced[mask[:n]] - out.rollout_log_probs[b, :n][mask[:n]].double()).abs().max() < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM not installed (see .ci/vllm.sh)")
+def test_an_adapter_pushed_to_an_engine_built_without_lora_is_refused(engine):
+    from relax_core.contracts import AdapterWeights
+
+    with pytest.raises(ValueError, match="built without LoRA support"):
+        engine.update_weights(AdapterWeights(tensors={}, config={}), version=1)
 
 
 @pytest.mark.slow
