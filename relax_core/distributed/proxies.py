@@ -211,22 +211,28 @@ class RayBackend:
     global-batch values and are added back into the driver's loss object
     (``add_metrics``), whose ``metrics()`` the trainer reads.
 
+    With ``--teacher-model`` the teacher is a worker of its own (``teacher``: a
+    :class:`~relax_core.distributed.workers.TrainWorker` whose backend's ``actor`` is the
+    frozen teacher, in its own placement): ``forward(role="teacher")`` sends it the whole
+    batch, and the training ranks hold no copy of the teacher.
+
     Raises:
         ValueError: the ranks report an inconsistent layout (replicas of unequal size,
             missing or out-of-range ``dp_rank``).
     """
 
-    def __init__(self, workers: list[Any]):
+    def __init__(self, workers: list[Any], teacher: Any = None):
         import ray
 
-        self.workers = workers
+        self.workers, self.teacher = workers, teacher
         self.world_size = len(workers)
         self.dp_size, self.dp_ranks = data_parallel_layout(ray.get([w.data_parallel.remote() for w in workers]))
         self.first = [self.dp_ranks.index(d) for d in range(self.dp_size)]  # reporting rank of each replica
         self.died = False
 
-    def _all(self, calls: list[Any]) -> list[Any]:
-        """Results of one call per rank, in rank order.
+    def _all(self, calls: list[Any], who: str | None = None) -> list[Any]:
+        """Results of one call per rank, in rank order (``who``: the worker named when it
+        dies, for a call to a worker other than the training ranks).
 
         Raises:
             TrainingWorkerDied: a rank died (its peers may be blocked in a collective)."""
@@ -242,8 +248,8 @@ class RayBackend:
                 out[r] = ray.get(ready[0])
             except ray.exceptions.RayActorError as e:
                 self.died = True
-                raise TrainingWorkerDied(f"training worker rank {r} of {self.world_size} died ({type(e).__name__}); "
-                                         "the run cannot continue without it") from e
+                raise TrainingWorkerDied(f"{who or f'training worker rank {r} of {self.world_size}'} died "
+                                         f"({type(e).__name__}); the run cannot continue without it") from e
         return out
 
     def _shards(self, batch: Any) -> list[dict]:
@@ -260,8 +266,11 @@ class RayBackend:
 
         from relax_core.contracts import ForwardOutput
 
-        outs = self._reporting(self._all([w.forward.remote(s, role, entropy, top_k)
-                                          for w, s in zip(self.workers, self._shards(batch))]))
+        if role == "teacher" and self.teacher is not None:  # its backend's actor is the teacher
+            outs = self._all([self.teacher.forward.remote(batch.to_dict(), "actor", entropy, top_k)], who="the teacher")
+        else:
+            outs = self._reporting(self._all([w.forward.remote(s, role, entropy, top_k)
+                                              for w, s in zip(self.workers, self._shards(batch))]))
         cat = {k: None if outs[0][k] is None else torch.cat([o[k] for o in outs]) for k in outs[0]}
         return ForwardOutput(**cat)
 
@@ -331,7 +340,7 @@ class RayBackend:
 
         if self.died:  # the survivors may be blocked in a collective: the runtime kills them
             return
-        for w in self.workers:
+        for w in self.workers + ([self.teacher] if self.teacher is not None else []):
             try:
                 ray.get(w.shutdown.remote(), timeout=30)
             except Exception:  # noqa: BLE001 - a rank that died meanwhile needs no shutdown

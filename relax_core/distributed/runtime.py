@@ -7,6 +7,9 @@ Resources (``--actor-*``, ``--rollout-*`` flags; CPU counts stand in for GPUs on
   ``PACK``: ranks fill a node before the next);
 - rollout: ``--rollout-num-engines`` engines, one bundle each (``{GPU:
   --rollout-num-gpus-per-engine, CPU: 1}``, or ``{CPU: 1}`` on CPU), in a second group;
+- teacher (``--teacher-model``, on-policy distillation): one worker in a group of its own
+  (one bundle, ``{GPU: 1, CPU: 1}`` or ``{CPU: 1}``), whose backend's actor is the frozen
+  teacher (:func:`teacher_config`); the training ranks do not load it;
 - ``--colocate``: no rollout group; engine ``i`` runs in training bundle ``i mod ranks``
   and shares its devices (on GPU each engine asks for a fraction of the bundle's GPU and
   is offloaded after each generation when its plugin has ``offload()``/``onload()``; on
@@ -106,6 +109,14 @@ def worker_config(config_dict: dict) -> dict:
     return out
 
 
+def teacher_config(config: dict) -> dict:
+    """The teacher worker's config: the run's, with ``--teacher-model`` as the model (its
+    backend's ``actor``, only ever run forward, no gradient), no LoRA, reference or teacher of
+    its own; its log-probs are then computed exactly as the actor's (same backend, layout,
+    temperature and float32 log-softmax)."""
+    return dict(config, model=config["teacher_model"], teacher_model=None, ref_load=None, lora_rank=0)
+
+
 def init_ray(cfg: Any, cpus_needed: int) -> bool:
     """Start or join Ray; returns whether this call started it (and must stop it)."""
     import ray
@@ -163,9 +174,12 @@ def start_ray(cfg: Any, config_dict: dict, *, setup: dict, corrections: list[str
     t0 = time.monotonic()
     world = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
     n_engines = cfg.rollout_num_engines
-    started = init_ray(cfg, world + (0 if cfg.colocate else n_engines))
+    teacher = 1 if cfg.teacher_model else 0
+    started = init_ray(cfg, world + (0 if cfg.colocate else n_engines) + teacher)
     gpu = cfg.device == "cuda" or (cfg.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     wcfg = worker_config(config_dict)
+    if teacher:
+        teacher_cfg, wcfg = teacher_config(wcfg), dict(wcfg, teacher_model=None)
 
     train_pg = placement_group([{"CPU": 1, **({"GPU": 1} if gpu else {})}] * world, strategy="PACK")
     groups = [train_pg]
@@ -178,6 +192,9 @@ def start_ray(cfg: Any, config_dict: dict, *, setup: dict, corrections: list[str
         groups.append(engine_pg)
         engine_bundle = list(range(n_engines))
         engine_res = {"num_cpus": 1, "num_gpus": g if gpu else 0}
+    if teacher:
+        teacher_pg = placement_group([{"CPU": 1, **({"GPU": 1} if gpu else {})}])
+        groups.append(teacher_pg)
     ray.get([pg.ready() for pg in groups], timeout=600)
 
     def at(pg: Any, i: int) -> PlacementGroupSchedulingStrategy:
@@ -191,7 +208,10 @@ def start_ray(cfg: Any, config_dict: dict, *, setup: dict, corrections: list[str
     try:
         workers = start_train_group(wcfg, world, setup, corrections,
                                     [dict(scheduling_strategy=at(train_pg, r), **train_res) for r in range(world)])
-        backend = RayBackend(workers)
+        if teacher:
+            workers += start_train_group(teacher_cfg, 1, {}, [], [dict(scheduling_strategy=at(teacher_pg, 0),
+                                                                        num_cpus=1, num_gpus=1 if gpu else 0)])
+        backend = RayBackend(workers[:world], teacher=workers[world] if teacher else None)
         if backend.dp_size != cfg.data_parallel_size:
             raise RuntimeError(f"--train-backend {cfg.train_backend} formed {backend.dp_size} data-parallel replicas over "
                                f"{world} training workers, but the run's flags give {cfg.data_parallel_size} "

@@ -1,4 +1,4 @@
-"""Shared fixtures of the Ray tests: one local Ray (2 CPUs, 127.0.0.1, token auth off) per
+"""Shared fixtures of the Ray tests: one local Ray (3 logical CPUs, 127.0.0.1, token auth off) per
 session and a tiny prompt file (helpers: relax_ray_helpers)."""
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from train_helpers import prompts_file  # noqa: E402,F401  (fixture)
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A local Ray with 2 logical CPUs; `relax train --launcher ray` reuses it."""
+    """A local Ray with 3 logical CPUs (a training rank, an engine, a teacher); `relax train --launcher ray` reuses it."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray = pytest.importorskip("ray")
     if ray.is_initialized():  # started by another test of this session: keep it
         yield ray
         return
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    ray.init(num_cpus=3, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     yield ray
     ray.shutdown()
