@@ -309,7 +309,7 @@ def build_trainer(cfg: Any, comps: Components, train_data: Any, eval_data: Any, 
     backend in ``comps`` are local objects or Ray proxies)."""
     weights = comps.backend.engine_adapter if comps.push_adapter else comps.backend.engine_state_dict
     publisher = Publisher(comps.engine, weights, cfg.update_weights_interval,
-                          post=cfg.fully_async, share=comps.share_weights)
+                          post=cfg.fully_async, share=comps.share_weights, adapter=comps.push_adapter)
     rollout = Rollout(cfg, comps, train_data, publisher)
     source = AsyncSource(rollout, cfg.max_staleness) if cfg.fully_async else SyncSource(rollout)
     return Trainer(cfg, comps, source, publisher, eval_data, run_dir, behaviour_numerator, config_dict)

@@ -153,7 +153,8 @@ class RayEngine:
         raise RuntimeError(f"rollout engine {i} could not take the weights of step {self.version}")
 
     def update_weights(self, state_dict: Any, version: int) -> None:
-        """Push ``state_dict`` (a name → tensor dict or an ``ObjectRef`` of one) to every
+        """Push ``state_dict`` (a name → tensor dict, a LoRA
+        :class:`~relax_core.contracts.AdapterWeights`, or an ``ObjectRef`` of either) to every
         engine; an engine that dies meanwhile gets it again after its restart."""
         import ray
 

@@ -442,7 +442,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(B, "supports_token_budget", "token budget", "Packs micro-batches to --max-tokens-per-micro-batch.",
                lambda ctx, c: f"cannot pack micro-batches by tokens, so --max-tokens-per-micro-batch {ctx.cfg.max_tokens_per_micro_batch} would be ignored" if ctx.cfg.max_tokens_per_micro_batch and not c.supports_token_budget else None,
                "use --micro-batch-size N instead"),
-    Capability(B, "supports_lora", "LoRA", "Trains LoRA adapters (--lora-rank > 0): adapters optimised and checkpointed, merged weights to the engine, reference = adapter disabled.",
+    Capability(B, "supports_lora", "LoRA", "Trains LoRA adapters (--lora-rank > 0): adapters optimised and checkpointed, merged weights (or the adapter alone, to an engine that takes adapters) to the engine, reference = adapter disabled.",
                lambda ctx, c: f"cannot train LoRA adapters, but --lora-rank is {ctx.cfg.lora_rank}" if ctx.cfg.lora_rank > 0 and not c.supports_lora else None,
                "use --train-backend torch for LoRA, or --lora-rank 0 (full fine-tuning)"),
     Capability(B, "lora_default_targets", "LoRA defaults", "The modules it adapts without --lora-target-modules, by model type.",

@@ -431,6 +431,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
     score = make_score(scorers, cfg, pools)
     if any(reward_mix.weights(cfg)):  # every weight 0 (pure distillation): rewards 0 by design, nothing to watch
         score = RewardWatch(score, scorers, notify=display.message)
+    push_adapter = cfg.lora_rank > 0 and cfg.lora_engine_adapter and ctx.engine.caps.supports_lora_adapters
     comps = Components(
         engine=engine, backend=backend, estimator=estimator, corrections=corrections,
         advantage_terms=advantage_terms, processors=processors,
@@ -439,8 +440,8 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
         processor_resamples=any(p.caps.may_request_more_samples for p in ctx.processors),
         rollout_fields=rollout_fields, top_k=top_k,
         num_critic_only_steps=critic_settings.num_critic_only_steps if critic_settings else 0,
-        share_weights=shares_weights(cfg, ctx.engine.caps, ray=runtime is not None),
-        push_adapter=cfg.lora_rank > 0 and cfg.lora_engine_adapter and ctx.engine.caps.supports_lora_adapters,
+        share_weights=shares_weights(cfg, ctx.engine.caps, ray=runtime is not None) and not push_adapter,
+        push_adapter=push_adapter,
         adapter_check=AdapterCheck(engine, backend, cfg, display.message) if cfg.lora_rank else None)
     trainer = build_trainer(cfg, comps, train_data, eval_data, run_dir, est_caps.behaviour_numerator, config_dict)
     info = {

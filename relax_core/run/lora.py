@@ -7,7 +7,8 @@ LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models", arXi
 ``h = W x + (α/r) · B A x``; at the start ``B = 0`` and the model is the base model.  The
 layers are ``peft``'s (a backend declaring ``supports_lora``; the torch backend's
 :mod:`relax_torch.lora`).  The engine receives the merged weights ``W + (α/r) · B A`` under
-the base model's names; the reference model of a KL term is the same model with the adapter
+the base model's names, or, where it declares ``supports_lora_adapters``, the adapter alone
+(:class:`~relax_core.contracts.AdapterWeights`); the reference model of a KL term is the same model with the adapter
 disabled, i.e. the base model.  Which modules are adapted by default, per architecture, is
 the backend's declaration (``BackendCapabilities.lora_default_targets``).
 
@@ -127,7 +128,7 @@ class AdapterCheck:
                 f"the LoRA adapter did not reach the rollout engine '{self.cfg.rollout_engine}': after the weight push "
                 f"of step {version} its log-probs on a probe are the base model's (mean |engine − base| = {d_off:.3g}, "
                 f"|engine − trainer| = {d_on:.3g} nats/token, while the adapter moved the trainer's by {moved:.3g}); "
-                "the engine is not loading the merged weights it is given (check its update_weights)")
+                "the engine is not applying the weights it is given, merged or adapter (check its update_weights)")
         self.passed = True
         self.notify(f"LoRA: the engine holds the adapted weights (step {version}: mean |engine − trainer| = "
                     f"{d_on:.2g}, |engine − base| = {d_off:.2g} nats/token)")

@@ -37,6 +37,7 @@ import math
 import queue
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -133,10 +134,12 @@ class Publisher:
         engine: the rollout engine (``update_weights(state_dict, version[, share])``).
         state_dict: callable giving the trainer's current engine-format weights.
         interval: ``--update-weights-interval``.
+        adapter: ``state_dict`` gives a LoRA adapter
+            (:attr:`~relax_core.run.components.Components.push_adapter`).
     """
 
     def __init__(self, engine: Any, state_dict: Callable[[], Any], interval: int, *, post: bool = False,
-                 share: bool = False):
+                 share: bool = False, adapter: bool = False):
         if share and (post or interval != 1):
             raise ValueError("shared weights need a synchronous push after every step")
         self.engine = engine
@@ -144,6 +147,7 @@ class Publisher:
         self.interval = interval
         self.post = post
         self.share = share
+        self.adapter = adapter
         self.held = 0
         self.lock = threading.Lock()  # one user of the engine at a time (rollout thread, evaluation)
         self._posted: tuple[Any, int] | None = None
@@ -200,15 +204,21 @@ class Publisher:
 
     def state(self, trainer_step: int) -> tuple[dict, dict | None]:
         """``({"held": version}, the engine's weights or None)``: the weights are returned
-        only when the engine holds older ones than the trainer at ``trainer_step``."""
+        only when the engine holds older ones than the trainer at ``trainer_step``; for a LoRA
+        adapter (:class:`~relax_core.contracts.AdapterWeights`) they are its tensors, and its
+        config is in the state (``adapter_config``)."""
         if self.held == trainer_step or self._pushed is None:
             return {"held": self.held}, None
         weights = self._pushed
-        if not isinstance(weights, dict):  # a Ray object reference
+        if not isinstance(weights, (dict, AdapterWeights)):  # a Ray object reference
             import ray
 
             weights = ray.get(weights)
-        return {"held": self.held}, {k: v.detach().cpu().clone() for k, v in weights.items()}
+        state: dict = {"held": self.held}
+        if isinstance(weights, AdapterWeights):
+            state["adapter_config"] = weights.config
+            weights = weights.tensors
+        return state, {k: v.detach().cpu().clone() for k, v in weights.items()}
 
     def restore(self, state: dict, weights: dict | None, trainer_step: int) -> None:
         """Give the engine the weights it held when the checkpoint was written: the
@@ -219,9 +229,22 @@ class Publisher:
         rollout thread would wait for a version that only the next trained step, which waits
         for that thread's batch, would post.  They are the trainer's weights of
         ``trainer_step``, newer than the lost post when ``trainer_step`` is not a multiple of
-        the interval (fresher samples; the staleness bound holds)."""
+        the interval (fresher samples; the staleness bound holds).
+
+        Saved weights of the other kind than this run pushes (an adapter saved, merged
+        weights pushed now, or the reverse: ``--lora-engine-adapter`` or the engine changed on
+        resume) cannot be given to the engine: it gets the trainer's weights of
+        ``trainer_step`` instead (a warning says so)."""
         held = int(state.get("held", trainer_step))
+        if weights is not None and ("adapter_config" in state) != self.adapter:
+            warnings.warn(f"the checkpoint holds the engine's {'adapter' if 'adapter_config' in state else 'merged weights'}"
+                          f" of step {held}, but this run pushes {'adapters' if self.adapter else 'merged weights'}: "
+                          f"the engine gets the trainer's weights of step {trainer_step} (this resumed run samples "
+                          "from newer weights than the interrupted one would have)")
+            weights, held = None, trainer_step
         if weights is not None:
+            if "adapter_config" in state:
+                weights = AdapterWeights(tensors=weights, config=state["adapter_config"])
             self.push(weights, held)
         elif held == trainer_step and held > 0:
             self.push(self.state_dict(), held)

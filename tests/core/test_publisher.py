@@ -90,3 +90,49 @@ def test_which_runs_share_the_trainers_weights_with_the_engine(flags, ray, caps,
 
     cfg = RunConfig(**flags)
     assert shares_weights(cfg, EngineCapabilities(supports_shared_weights=caps), ray=ray) is shared
+
+
+def adapter_weights(value: float):
+    from relax_core.contracts import AdapterWeights
+
+    return AdapterWeights(tensors={"w": torch.tensor(value)}, config={"r": 4, "peft_type": "LORA"})
+
+
+class AdapterEngine:
+    def __init__(self):
+        self.pushed = []
+
+    def update_weights(self, weights, version, **kw):
+        kind = "adapter" if hasattr(weights, "config") else "weights"
+        self.pushed.append((kind, float((weights.tensors if kind == "adapter" else weights)["w"]), version))
+
+
+def test_a_lagging_adapter_is_saved_with_its_config_and_given_back_on_resume():
+    """Interval 2, adapters: at step 3 the engine holds step 2's adapter; the checkpoint keeps
+    its tensors (the engine-weights file) and its config (the state), and a resumed run gives
+    the engine that adapter, not merged weights and not the trainer's step-3 adapter."""
+    eng = AdapterEngine()
+    trainer = {"v": 2.0}
+    pub = Publisher(eng, lambda: adapter_weights(trainer["v"]), 2, adapter=True)
+    pub.after_step(2)
+    trainer["v"] = 3.0
+    pub.after_step(3)
+    state, weights = pub.state(3)
+    assert state == {"held": 2, "adapter_config": {"r": 4, "peft_type": "LORA"}} and float(weights["w"]) == 2.0
+    eng2 = AdapterEngine()
+    Publisher(eng2, lambda: adapter_weights(3.0), 2, adapter=True).restore(state, weights, 3)
+    assert eng2.pushed == [("adapter", 2.0, 2)]
+
+
+@pytest.mark.parametrize("saved_adapter", [True, False])
+def test_saved_engine_weights_of_the_other_kind_give_way_to_the_trainers_with_a_warning(saved_adapter):
+    """A run resumed with the other kind of push (``--lora-engine-adapter`` or the engine
+    changed) cannot give the engine its saved weights: merged weights to an adapter engine
+    would replace its base weights.  It gets the trainer's weights of the checkpoint's step."""
+    eng = AdapterEngine()
+    now = (lambda: {"w": torch.tensor(3.0)}) if saved_adapter else (lambda: adapter_weights(3.0))
+    pub = Publisher(eng, now, 2, adapter=not saved_adapter)
+    state = {"held": 2, **({"adapter_config": {"r": 4}} if saved_adapter else {})}
+    with pytest.warns(UserWarning, match="this resumed run samples from newer weights"):
+        pub.restore(state, {"w": torch.tensor(2.0)}, 3)
+    assert eng.pushed == [("weights" if saved_adapter else "adapter", 3.0, 3)] and pub.held == 3

@@ -111,3 +111,26 @@ def test_an_adapter_push_that_never_reaches_the_engine_stops_the_run(tiny_model_
                                     "--rollout-engine", "hf_adapters"))
     assert code == EXIT_ADAPTER_NOT_REACHED, out
     assert "the LoRA adapter did not reach the rollout engine 'hf_adapters'" in out
+
+
+def test_a_lora_run_resumed_while_the_engine_lags_continues_as_the_uninterrupted_run(
+        tiny_model_dir, prompts_file, tmp_path, adapter_engine):
+    """``--update-weights-interval 2``: the checkpoint of step 3 holds the adapter of step 2,
+    which the engine held (its tensors, its config in the trainer state); the resumed run
+    gives it back, so step 4 samples as the uninterrupted run's did (the other kind of push
+    on resume: tests/core/test_publisher.py)."""
+    args = lambda out, steps, *more: tiny_args(tiny_model_dir, prompts_file, out, *LORA, "--num-rollout", str(steps),  # noqa: E731
+                                               "--lr", "1e-2", "--no-save-hf", "--rollout-engine", "hf_adapters",
+                                               "--update-weights-interval", "2", "--save-interval", "1", *more)
+    code, out = run_train(args(tmp_path / "whole", 4))
+    assert code == 0, out
+    code, out = run_train(args(tmp_path / "cut", 3))
+    assert code == 0, out
+    assert adapter_engine[-1].pushed == ["adapter"]  # after step 2 only: the checkpoint of step 3 lags
+    code, out = run_train(args(tmp_path / "cut", 4, "--resume"))
+    assert code == 0, out
+    assert adapter_engine[-1].pushed == ["adapter", "adapter"]  # the saved step-2 adapter, then step 4's
+    strip = lambda recs: [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in recs]  # noqa: E731
+    whole, cut = strip(read_metrics(tmp_path / "whole" / "run")), strip(read_metrics(tmp_path / "cut" / "run"))
+    assert [r["step"] for r in cut] == [1, 2, 3, 4]
+    assert cut[3] == pytest.approx(whole[3], rel=1e-5, abs=1e-6)

@@ -104,7 +104,8 @@ def engine_adapter(peft_model: Any) -> AdapterWeights:
     ``supports_lora_adapters`` gets.  The tensors are detached copies on the CPU."""
     from peft import get_peft_model_state_dict
 
-    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in get_peft_model_state_dict(peft_model).items()}
+    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in get_peft_model_state_dict(
+        peft_model, save_embedding_layers=False).items()}  # no embeddings adapted; no hub lookup per push
     config = peft_model.peft_config[ADAPTER].to_dict()
     config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}  # JSON, as save_pretrained writes it
     config["inference_mode"] = True  # as save_pretrained writes it

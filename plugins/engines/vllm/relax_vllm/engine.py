@@ -24,8 +24,9 @@ LoRA runs (``--lora-rank``, unless ``--no-lora-engine-adapter``): the engine is 
 vLLM's LoRA support (``enable_lora``, ``max_lora_rank`` the smallest vLLM allows at or above
 the rank) and keeps the base weights; a push is the adapter alone
 (:class:`~relax_core.contracts.AdapterWeights`), written as a PEFT directory and used from
-then on as the ``LoRARequest`` of every generation, under a new adapter id (vLLM caches
-adapters by id, and its prefix cache keys on it); the previous adapter is removed.
+then on as the ``LoRARequest`` of every generation, under a new adapter id, name and path
+(vLLM caches adapters by id, and its prefix cache keys on the name and path); the previous
+adapter is removed.
 """
 
 from __future__ import annotations
