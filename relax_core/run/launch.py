@@ -410,7 +410,8 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
     needs_ref = cfg.needs_reference_model or cfg.lora_rank > 0  # LoRA: the adapter check reads the base model
     runtime = None
     if cfg.launcher == "ray":  # engines and training ranks as Ray actors (relax_core.distributed)
-        display.phase(f"starting Ray: rollout engines and training workers load {cfg.model}")
+        display.phase(f"starting Ray: rollout engines and training workers load {cfg.model}"
+                      + (f", the teacher worker {cfg.teacher_model}" if cfg.teacher_model else ""))
         from relax_core.distributed.runtime import start_ray
         from relax_core.models import load_tokenizer
 

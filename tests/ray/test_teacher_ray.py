@@ -15,7 +15,8 @@ KEYS = ("rollout/reward", "train/loss", "train/grad_norm", "opd/reverse_kl", "op
 
 def test_teacher_on_ray_distils_as_the_local_run(tiny_model_dir, prompts_file, tmp_path, ray_local):
     teacher = noisy_copy(tiny_model_dir, tmp_path / "teacher", sigma=0.05, seed=1)
-    ray, local, _ = ray_and_local(tiny_model_dir, prompts_file, tmp_path, *OPD, "--teacher-model", str(teacher))
+    ray, local, out = ray_and_local(tiny_model_dir, prompts_file, tmp_path, *OPD, "--teacher-model", str(teacher))
+    assert f", the teacher worker {teacher}" in out  # the start-up line names what the teacher worker loads
     assert [r["step"] for r in ray] == [r["step"] for r in local] == [1, 2]
     for r, l in zip(ray, local):
         assert r["opd/reverse_kl"] != 0  # the teacher's log-probs arrived (a missing teacher would fail the run)
