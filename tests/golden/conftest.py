@@ -15,9 +15,9 @@ if str(HERE) not in sys.path:
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A local Ray with 2 logical CPUs (as tests/ray's fixture), shared with later tests."""
+    """A local Ray with 3 logical CPUs (as tests/ray's fixture, whose teacher test needs 3 bundles), shared with later tests."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+        ray.init(num_cpus=3, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     yield ray

@@ -1,8 +1,9 @@
 """The golden runs (see ``golden.py``): each case's ``metrics.jsonl`` equals the one
 recorded before the core redesign (``data/``), or on another kind of CPU the one recorded
 on that kind (``golden.DATA``: ``data/AuthenticAMD-26/``, an AMD EPYC of family 26, recorded at
-35a48c8; ``data/AuthenticAMD/``, an earlier AMD EPYC, recorded at 89f4016; on both the runs of
-data/ diverge in their sampled tokens).  Local cases within ``REL_TOL`` (bit-equal on the
+35a48c8; ``data/AuthenticAMD/``, an earlier AMD EPYC, recorded at 89f4016;
+``data/GenuineIntel-6-167/``, an Intel Xeon with AMX (KVM guest), recorded at 7a96443; on each
+the runs of data/ diverge in their sampled tokens).  Local cases within ``REL_TOL`` (bit-equal on the
 recording machine), Ray cases within ``RAY_TOL`` (actors run in other processes whose
 thread pools may sum in another order).  ``grpo`` and ``tis`` run in the fast suite; the
 rest are marked slow."""
