@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from dataclasses import fields, replace
+from dataclasses import fields
 from typing import Any
 
 from relax_core.batch import Batch
@@ -275,8 +275,7 @@ class TrainWorker:
         return {k: v.detach().cpu().clone() for k, v in self.backend.engine_state_dict().items()}
 
     def engine_adapter(self) -> Any:
-        adapter = self.backend.engine_adapter()
-        return replace(adapter, tensors={k: v.detach().cpu().clone() for k, v in adapter.tensors.items()})
+        return self.backend.engine_adapter()  # CPU tensors by contract (AdapterWeights); Ray copies the object
 
     def save_checkpoint(self, path: str, include_optimizer: bool = True) -> None:
         self.backend.save_checkpoint(path, include_optimizer=include_optimizer)

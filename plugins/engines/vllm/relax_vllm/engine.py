@@ -43,23 +43,18 @@ import torch
 from relax_core.batch import length_mask
 from relax_core.contracts import AdapterWeights, GenerationOutput, SamplingParams
 
-#: vLLM's ``max_lora_rank`` values where its version does not list them (``MaxLoRARanks``).
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
 
 def vllm_lora_rank(rank: int) -> int:
-    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of ``rank``.
+    """The smallest ``max_lora_rank`` vLLM accepts (its ``MaxLoRARanks``) that holds an
+    adapter of ``rank``.
 
     Raises:
         ValueError: ``rank`` is above vLLM's largest."""
     import typing
 
-    try:
-        from vllm.config.lora import MaxLoRARanks
+    from vllm.config.lora import MaxLoRARanks
 
-        ranks = tuple(sorted(int(r) for r in typing.get_args(MaxLoRARanks)))
-    except ImportError:
-        ranks = LORA_RANKS
+    ranks = tuple(sorted(int(r) for r in typing.get_args(MaxLoRARanks)))
     fits = [r for r in ranks if r >= rank]
     if not fits:
         raise ValueError(f"--lora-rank {rank} is above vLLM's largest adapter rank {ranks[-1]}: use a smaller rank, "
