@@ -15,7 +15,10 @@ same loss reduction):
 =======================  =========================================  =============================================
 setting                  Relax (``relax train`` flags)              TRL ``GRPOConfig``
 =======================  =========================================  =============================================
-model, dtype             same HF directory, float32                 same directory, ``bf16=False`` (TRL default True)
+model, dtype             same HF directory, float32 weights;        same directory, ``bf16`` as Relax's
+                         ``--bf16`` (autocast) where Relax's default
+                         is bfloat16 (``--no-bf16`` of this script:
+                         float32 on both)
 prompts                  same JSONL rows, chat template,            same rows as conversational prompts (chat
                          ``--prompt-suffix ''``                     template applied by TRL)
 batch                    ``--rollout-batch-size P``                 ``per_device_train_batch_size = P·G``,
@@ -84,10 +87,10 @@ TAG = "@@bench "
 
 
 def matched_relax_flags(*, model: str, data: str, prompts: int, group: int, max_new: int, lr: float,
-                        temperature: float, seed: int) -> list[str]:
+                        temperature: float, seed: int, bf16: bool) -> list[str]:
     """``relax train`` flags of the matched work (the table above, Relax's column): ``prompts``
     prompts × ``group`` samples per step, at most ``max_new`` new tokens, learning rate ``lr``,
-    sampling ``temperature``; the rows of the JSONL file ``data`` as they are, scored by
+    sampling ``temperature``, bfloat16 autocast or float32 (``bf16``); the rows of the JSONL file ``data`` as they are, scored by
     ``e2e_reward:score`` (``benchmarks/`` on ``PYTHONPATH``).  ``benchmarks/learning_race.py``
     uses the same."""
     return ["--model", model, "--data", data, "--prompt-suffix", "", "--custom-rm-path", "e2e_reward:score",
@@ -97,11 +100,11 @@ def matched_relax_flags(*, model: str, data: str, prompts: int, group: int, max_
             "--eps-clip-high", "0.2", "--loss-reduction", "seq-mean-token-mean", "--kl-loss-coef", "0",
             "--entropy-coef", "0", "--rollout-temperature", str(temperature), "--rollout-top-p", "1.0",
             "--rollout-top-k", "-1", "--adam-beta1", "0.9", "--adam-beta2", "0.999", "--adam-eps", "1e-8",
-            "--seed", str(seed)]
+            "--seed", str(seed), "--bf16" if bf16 else "--no-bf16"]
 
 
 def matched_grpo_config(*, prompts: int, group: int, max_new: int, lr: float, temperature: float,
-                        seed: int) -> dict:
+                        seed: int, bf16: bool) -> dict:
     """``GRPOConfig`` keyword arguments of the same work (the table above, TRL's column), to
     which the caller adds ``output_dir``, ``max_steps``, the save strategy and the device."""
     return dict(
@@ -110,7 +113,7 @@ def matched_grpo_config(*, prompts: int, group: int, max_new: int, lr: float, te
         learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, optim="adamw_torch",
         beta=0.0, num_iterations=1, steps_per_generation=1, epsilon=0.2, epsilon_high=0.2, loss_type="grpo",
-        scale_rewards="group", mask_truncated_completions=False, bf16=False, gradient_checkpointing=False,
+        scale_rewards="group", mask_truncated_completions=False, bf16=bf16, gradient_checkpointing=False,
         logging_steps=1, report_to="none", seed=seed, disable_tqdm=True, dataloader_num_workers=0,
         log_completions=False)
 
@@ -168,7 +171,7 @@ def relax_worker(a: argparse.Namespace) -> None:
     from relax_core.run.launch import launch
 
     flags = [*matched_relax_flags(model=a.model_dir, data=a.data, prompts=a.prompts, group=a.group,
-                                  max_new=a.max_new, lr=1e-6, temperature=1.0, seed=0),
+                                  max_new=a.max_new, lr=1e-6, temperature=1.0, seed=0, bf16=a.bf16),
              "--num-rollout", str(a.total_steps + 1), "--output-dir", a.out_dir, "--run-name", "relax",
              "--device", "cpu", *a.relax_flags.split()]
     reg = load_registry()
@@ -207,7 +210,7 @@ def trl_worker(a: argparse.Namespace) -> None:
     rows = [json.loads(line) for line in Path(a.data).read_text().splitlines() if line.strip()]
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "label": r["label"]} for r in rows])
     args = GRPOConfig(**matched_grpo_config(prompts=a.prompts, group=a.group, max_new=a.max_new, lr=1e-6,
-                                            temperature=1.0, seed=0),
+                                            temperature=1.0, seed=0, bf16=a.bf16),
                       output_dir=a.out_dir, max_steps=a.total_steps + 1, save_strategy="no", use_cpu=True)
     model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(a.model_dir)
@@ -312,7 +315,8 @@ def compare(kind: str, a: argparse.Namespace, work: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(HERE), "OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false",
            "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     common = ["--model-dir", mdir, "--data", str(data), "--prompts", str(a.prompts), "--group", str(a.group),
-              "--max-new", str(a.max_new), "--total-steps", str(total), "--threads", str(a.threads)]
+              "--max-new", str(a.max_new), "--total-steps", str(total), "--threads", str(a.threads),
+              "--bf16" if a.bf16 else "--no-bf16"]
     cmds = {"relax": [sys.executable, __file__, "--worker", "relax", "--out-dir", str(work / "relax"), *common],
             "trl": [str(TRL_PYTHON), __file__, "--worker", "trl", "--out-dir", str(work / "trl"), *common]}
     sides: dict[str, Side] = {}
@@ -387,7 +391,7 @@ def report(summaries: list[dict], a: argparse.Namespace) -> str:
                      f"back-to-back steps) {s['paired_trained_ratio']:.2f}x")
         for side in ("relax", "trl"):
             lines.append(f"  {side} step seconds (warm-up first): {s[side]['steps']}")
-    lines.append(f"{a.threads} torch threads per side")
+    lines.append(f"{a.threads} torch threads per side; {'bfloat16 autocast' if a.bf16 else 'float32'} on both sides")
     return "\n".join(lines)
 
 
@@ -403,6 +407,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--smoke", action="store_true", help="tiny model, 1 prompt × 2 samples × 8 tokens, 1 step")
     ap.add_argument("--json", default=None, help="also write the summaries to this file")
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                    help="bfloat16 autocast on both sides (default: where Relax's --bf16 default is on, "
+                         "relax_core.run.precision), or float32 on both")
     # worker mode (internal)
     ap.add_argument("--worker", choices=("relax", "trl"))
     ap.add_argument("--model-dir")
@@ -416,6 +423,11 @@ def main() -> None:
         return
     if a.smoke:
         a.models, a.steps, a.warmup, a.prompts, a.group, a.max_new = "tiny", 1, 1, 1, 2, 8
+    if a.bf16 is None:
+        from relax_core.config import RunConfig
+        from relax_core.run.precision import resolve_bf16
+
+        a.bf16 = resolve_bf16(RunConfig(device="cpu"))[0].bf16
     if not TRL_PYTHON.exists():
         print(f"TRL environment missing ({TRL_PYTHON}); create it with:\n  python3 -m venv benchmarks/.envs/trl && "
               "benchmarks/.envs/trl/bin/pip install torch==2.13.0 trl transformers==5.19.0\nend to end vs TRL: NOT MEASURED")

@@ -103,6 +103,8 @@ class Work:
         steps: optimizer steps, one per rollout.
         save_every: steps between checkpoints.
         eval_prompts: held-out prompts scored per checkpoint (the first ones of the set).
+        bf16: bfloat16 autocast on both sides (Relax's ``--bf16``, TRL's ``bf16``), else
+            float32; the same-update check and the evaluator are float32 either way.
     """
 
     prompts: int
@@ -113,16 +115,19 @@ class Work:
     steps: int
     save_every: int
     eval_prompts: int
+    bf16: bool = False  # races recorded before it existed ran in float32
 
 
 def default_work() -> Work:
-    """Relax's current defaults (``relax train`` with no flags)."""
+    """Relax's current defaults (``relax train`` with no flags), ``--bf16`` as decided on this
+    machine (:func:`relax_core.run.precision.resolve_bf16`)."""
     from relax_core.config import RunConfig
+    from relax_core.run.precision import resolve_bf16
 
     c = RunConfig()
     return Work(prompts=c.rollout_batch_size, group=c.n_samples_per_prompt, max_new=c.rollout_max_response_len,
                 lr=c.lr, temperature=c.rollout_temperature, steps=c.num_rollout, save_every=2,
-                eval_prompts=c.eval_max_prompts)
+                eval_prompts=c.eval_max_prompts, bf16=resolve_bf16(c)[0].bf16)
 
 
 SMOKE_WORK = Work(prompts=2, group=2, max_new=6, lr=1e-5, temperature=1.0, steps=2, save_every=2, eval_prompts=2)
@@ -273,7 +278,8 @@ def same_update(model_dir: str, rows: list[dict], work: Work, out: Path) -> dict
     data = out / "check_rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
     relax_flags = [*matched_relax_flags(model=model_dir, data=str(data), prompts=2, group=len(CHECK_COMPLETIONS),
-                                        max_new=spec["max_new"], lr=work.lr, temperature=work.temperature, seed=0),
+                                        max_new=spec["max_new"], lr=work.lr, temperature=work.temperature, seed=0,
+                                        bf16=False),
                    "--num-rollout", "1", "--load-debug-rollout-data", str(out / "relax-rollout"), "--eval-data", "none",
                    "--no-save-hf", "--output-dir", str(out), "--run-name", "relax", "--quiet", "--wandb-mode", "disabled",
                    "--force"]
@@ -364,7 +370,7 @@ def _trl_trainer(a: argparse.Namespace, work: Work, rows: list[dict], reward_fun
 
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "label": r["label"]} for r in rows])
     config = {**matched_grpo_config(prompts=work.prompts, group=work.group, max_new=work.max_new, lr=work.lr,
-                                    temperature=work.temperature, seed=a.seed),
+                                    temperature=work.temperature, seed=a.seed, bf16=work.bf16),
               "output_dir": a.out_dir, "max_steps": work.steps, "shuffle_dataset": False, **overrides}
     args = GRPOConfig(**config)
     model = AutoModelForCausalLM.from_pretrained(a.model_dir, dtype=torch.float32)
@@ -381,7 +387,7 @@ def trl_update_worker(a: argparse.Namespace) -> None:
     out = Path(a.out_dir)
     spec = json.loads((out / "check_batch.json").read_text())
     work = Work(**{**json.loads(a.work), "prompts": len(spec["prompts"]), "group": len(CHECK_COMPLETIONS),
-                   "max_new": spec["max_new"], "steps": 1})
+                   "max_new": spec["max_new"], "steps": 1, "bf16": False})
     rows = [{"prompt": p, "label": lab} for p, lab in zip(spec["prompts"], spec["labels"])]
     got: dict = {}
 
@@ -435,9 +441,11 @@ def held_out_accuracy(target: str, out: Path, eval_source: str, work: Work, scor
     """Greedy pass@1 of ``relax eval`` on the held-out set: ``{"acc", "se", "scorer"}``
     (fractions; ``scorer``: the one used).  ``scorer=None`` lets the set's data source
     choose (the base model's evaluation); the checkpoints get that scorer by name, so that
-    a run's own ``--custom-rm-path`` never replaces it."""
+    a run's own ``--custom-rm-path`` never replaces it.  Float32 (``--no-bf16``): the same instrument
+    whatever precision the sides trained in."""
     cmd = [sys.executable, "-m", "cli.main", "eval", target, "--eval-data", f"heldout={eval_source}",
-           "--max-prompts", str(work.eval_prompts), "--eval-max-response-len", str(work.max_new), "--out", str(out)]
+           "--max-prompts", str(work.eval_prompts), "--eval-max-response-len", str(work.max_new), "--out", str(out),
+           "--no-bf16"]
     cmd += ["--checkpoint", str(checkpoint)] if checkpoint is not None else []
     cmd += ["--reward", scorer] if scorer else []
     out.mkdir(parents=True, exist_ok=True)
@@ -497,7 +505,8 @@ def race_one(side: str, seed: int, model_dir: str, data: Path, rows: list[dict],
     if side == "relax":
         cmd = [sys.executable, "-m", "cli.main", "train",
                *matched_relax_flags(model=model_dir, data=str(data), prompts=work.prompts, group=work.group,
-                                    max_new=work.max_new, lr=work.lr, temperature=work.temperature, seed=seed),
+                                    max_new=work.max_new, lr=work.lr, temperature=work.temperature, seed=seed,
+                                    bf16=work.bf16),
                "--num-rollout", str(work.steps), "--save-interval", str(work.save_every),
                "--keep-checkpoints", str(work.steps), "--no-save-hf", "--eval-data", "none",
                "--output-dir", str(work_dir), "--run-name", run_dir.name, "--quiet", "--wandb-mode", "disabled"]
@@ -571,7 +580,7 @@ def trl_race_worker(a: argparse.Namespace) -> None:
 #: its worker loads).  ``None``: no counterpart.  Where "must be equal" holds, the race
 #: stops when the two differ.
 KNOBS = [
-    ("model files", "model", "from_pretrained", True, "float32 on both"),
+    ("model files", "model", "from_pretrained", True, "float32 weights on both"),
     ("dtype: bfloat16", "bf16", "bf16", True, ""),
     ("samples per step", None, "per_device_train_batch_size", False, "prompts per step × samples per prompt"),
     ("prompts per step", "rollout_batch_size", None, False, "TRL: batch ÷ num_generations"),
@@ -842,6 +851,8 @@ def main() -> int:
     ap.add_argument("--train-data", default=None, help="training rows (any --data source; default: the default task's)")
     ap.add_argument("--eval-data", default=None, help="the held-out set (any --data source; default: the default "
                                                       "task's evaluation set)")
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                    help="bfloat16 autocast on both sides (default: where Relax's --bf16 default is on), or float32")
     ap.add_argument("--check-only", action="store_true", help="only the same-update check")
     ap.add_argument("--smoke", action="store_true", help="tiny model, 2 steps, 1 seed, tiny sizes")
     ap.add_argument("--out", default=None, help="results .md (default benchmarks/results/learning-race-<date>.md; "
@@ -871,7 +882,8 @@ def main() -> int:
     work = SMOKE_WORK if a.smoke else default_work()
     if not a.smoke:
         work = Work(**{**asdict(work), "steps": a.steps or work.steps, "save_every": a.save_every,
-                       "eval_prompts": a.eval_prompts or work.eval_prompts})
+                       "eval_prompts": a.eval_prompts or work.eval_prompts,
+                       "bf16": work.bf16 if a.bf16 is None else a.bf16})
     kept, rerun = rerun_plan(a)
     seeds = [0] if a.smoke else [int(s) for s in (a.seeds or "0,1,2").split(",")]
     if kept is not None:
@@ -888,7 +900,7 @@ def main() -> int:
     res = {"machine": machine(), "model": model, "work": asdict(work), "train_source": a.train_data,
            "eval_source": eval_source, "check": None, "runs": [], "base": None}
     if kept is not None:
-        if (kept["work"], kept["train_source"], kept["eval_source"], kept.get("model", model)) != \
+        if ({"bf16": False, **kept["work"]}, kept["train_source"], kept["eval_source"], kept.get("model", model)) != \
                 (res["work"], a.train_data, eval_source, model):
             print("--keep: that race ran another model, work or data than this one would; not mixing them",
                   file=sys.stderr)

@@ -71,7 +71,10 @@ def train(ctx: typer.Context) -> None:
         except BadInput as e:
             _print_problems(e.problems)
             raise typer.Exit(EXIT_BAD_INPUT)
-        for line in checked.notes + [f"warning: {w}" for w in checked.warnings]:
+        from relax_core.run.precision import resolve_bf16
+
+        cfg, precision = resolve_bf16(cfg, resolved.context.backend.caps.bf16_devices)  # as the run would
+        for line in checked.notes + [f"warning: {w}" for w in checked.warnings] + [precision] * bool(precision):
             typer.echo(f"relax: {line}", err=True)
         _print_dry_run(cfg, resolved, reg)
         return
@@ -304,6 +307,9 @@ def eval_(
                                                  "(runs that code with your rights)."),
     out: Optional[str] = typer.Option(None, "--out", help="Directory of eval.json and eval_samples.jsonl "
                                       "(default: <run>/eval/<final or step_N>, else ./eval-<model>)."),
+    bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="The rollout engine in bfloat16 (an engine "
+                                        "whose dtype is auto, as hf's); default: the run's decision, for a model "
+                                        "on where the device computes bfloat16 natively (relax train's --bf16)."),
 ) -> None:
     """Score a model, checkpoint or run on evaluation sets: greedy pass@1, and with
     --n-samples mean accuracy, pass@k and maj@k, each with a 95% interval over prompts."""
@@ -321,7 +327,7 @@ def eval_(
     try:
         evaluated, sets, scorer, warnings = prepare(target, eval_data=eval_data, checkpoint=checkpoint,
                                                     settings=settings, reward=reward, custom_rm_path=custom_rm_path,
-                                                    reg=reg)
+                                                    reg=reg, bf16=bf16)
     except BadInput as e:
         for p in e.problems:
             typer.echo(f"relax eval: error: {p}", err=True)

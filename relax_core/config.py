@@ -128,7 +128,7 @@ class RunConfig:
     weight_decay: float = opt(0.0, "AdamW weight decay.", ge=0, group="optim")
     lr_warmup_steps: int = opt(0, "Linear warm-up steps.", ge=0, group="optim")
     clip_grad: float = opt(1.0, "Gradient norm clip (0 = off).", ge=0, group="optim")
-    bf16: bool = opt(False, "Train in bfloat16 (default float32).", group="optim")
+    bf16: bool | None = opt(None, "bfloat16 autocast in the training forward and backward (float32 master weights and optimizer state); the hf engine's --hf-dtype auto follows it. Default: auto, on where the training device computes bfloat16 natively (a CUDA GPU, a CPU with AMX-BF16 units) and float32 elsewhere, decided at start-up and kept on resume (relax_core.run.precision; docs/guide/performance.md). --no-bf16 keeps float32.", group="optim")
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward.", group="optim")
     max_skipped_steps: int = opt(3, "Stop after this many consecutive non-finite steps.", ge=1, group="optim")
 
@@ -397,6 +397,8 @@ def _coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
     if base == "bool":
         if isinstance(value, bool):
             return value
+        if value == "auto" and "None" in t:  # a switch whose default is decided at start-up (--bf16)
+            return None
         if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
             return value.lower() in ("true", "1", "yes", "on")
         raise ValueError(f"{where}: expected true/false, got {value!r}")
@@ -608,9 +610,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, param_schemas: Mapping
         names = [flag_of(f), *f.metadata.get("aliases", ())]
         t = _field_type(f).replace("|None", "")
         valid = f.metadata.get("choices") or choices.get(f.name)
-        if t == "bool" and f.default is True:
+        if t == "bool" and f.default is not False:  # True, or None (auto): --flag / --no-flag
             g.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                           help=_help(f.metadata["help"], True))
+                           help=_help(f.metadata["help"], f.default))
         elif t == "bool":
             g.add_argument(*names, dest=f.name, action="store_true", default=argparse.SUPPRESS,
                            help=_help(f.metadata["help"], False))

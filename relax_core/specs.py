@@ -339,6 +339,10 @@ class BackendCapabilities:
     """Batch fields its forward gives beyond ``log_probs`` and ``entropy``, e.g.
     ``train_top_k_log_probs`` (log-probs at the engine's top-k ids)."""
     supports_gradient_checkpointing: bool = False
+    bf16_devices: frozenset[str] = frozenset()
+    """Devices on which it trains under bfloat16 autocast when ``--bf16`` is on (empty: it
+    does not read ``--bf16``); an explicit ``--bf16`` elsewhere is refused at start-up, and
+    the default (auto, :mod:`relax_core.run.precision`) turns it on only there."""
     supports_shared_prefix: bool = False
     """Can encode the shared prompt of a group once in the training forward, each response
     attending to it, with the same log-probs and gradients (Prefix Grouper, Liu et al. 2025,

@@ -27,12 +27,14 @@ def tiny_args(model: Path, data: Path, out: Path, *extra: str, scorer: str, lr: 
               name: str = "run") -> list[str]:
     """`relax train` flags for a ``steps``-step run of ``--run-name name`` on a tiny model:
     2 prompts × 4 samples, 8 new tokens, seed 3, one reward worker (a scorer counting its
-    calls counts every sample, in order), ``--custom-rm-path scorer``, ``--lr lr``; then
-    ``extra`` (which may repeat a flag: the last value counts)."""
+    calls counts every sample, in order), ``--custom-rm-path scorer``, ``--lr lr``, float32
+    on every CPU (``--no-bf16``: bf16 is the default where the CPU has AMX-BF16, and the
+    tests compare log-probs to 1e-5); then ``extra`` (which may repeat a flag: the last
+    value counts)."""
     return ["--model", str(model), "--data", str(data), "--output-dir", str(out), "--run-name", name,
             "--custom-rm-path", scorer, "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
             "--global-batch-size", "8", "--rollout-max-response-len", "8", "--num-rollout", str(steps), "--quiet",
-            "--lr", lr, "--seed", "3", "--reward-num-workers", "1", *extra]
+            "--lr", lr, "--seed", "3", "--reward-num-workers", "1", "--no-bf16", *extra]
 
 
 def run_train(args: list[str]) -> tuple[int, str]:

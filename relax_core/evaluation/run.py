@@ -261,10 +261,13 @@ def _out_dir(target: Target, out: str | None) -> Path:
 
 
 def prepare(target_arg: str, *, eval_data: list[str], checkpoint: str | None, settings: EvalSettings,
-            reward: str | None, custom_rm_path: str | None, reg: Any) -> tuple[Target, list[EvalSet], Any, list[str]]:
+            reward: str | None, custom_rm_path: str | None, reg: Any,
+            bf16: bool | None = None) -> tuple[Target, list[EvalSet], Any, list[str]]:
     """Everything checked before a model loads: the target, the settings, the scorer, the
     data, and that a correct label scores (:func:`relax_core.host.reward_check.label_check`, as
-    ``relax train`` checks).  Returns ``(target, sets, scorer, warnings to show)``.
+    ``relax train`` checks).  ``bf16``: ``--bf16``/``--no-bf16`` (``None``: the run's
+    decision, or for a model :func:`relax_core.run.precision.resolve_bf16`'s).  Returns
+    ``(target, sets, scorer, warnings to show)``.
 
     Raises:
         BadInput: one line per problem.
@@ -289,7 +292,8 @@ def prepare(target_arg: str, *, eval_data: list[str], checkpoint: str | None, se
         raise BadInput(problems)
     # one scorer: --reward, the custom one, or the run's first --reward (its task's own scorer)
     cfg = dataclasses.replace(cfg, reward=(reward,) if reward else ("auto",) if custom_rm_path else cfg.reward[:1],
-                              reward_weights=(), custom_rm_path=custom_rm_path)
+                              reward_weights=(), custom_rm_path=custom_rm_path,
+                              bf16=cfg.bf16 if bf16 is None else bf16)
     sources = [named_source(v) for v in eval_data] or ([(cfg.eval_name, cfg.eval_source)] if cfg.eval_source else [])
     if not sources:
         raise BadInput("no evaluation data: give --eval-data NAME=SOURCE (any --data format, e.g. "
@@ -339,10 +343,11 @@ def run_eval(target: Target, sets: list[EvalSet], scorer: Any, settings: EvalSet
     from relax_core.reporting.metrics import git_commit
     from relax_core.run.components import Components
     from relax_core.run.launch import make_score
+    from relax_core.run.precision import resolve_bf16
     from relax_core.stages.episodes import build_runner
     from relax_core.stages.rollout import Publisher, Rollout
 
-    cfg = target.cfg
+    cfg = resolve_bf16(target.cfg)[0]  # a run's saved decision; for a bare model, --bf16's default
     out_dir = _out_dir(target, out)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -379,7 +384,7 @@ def run_eval(target: Target, sets: list[EvalSet], scorer: Any, settings: EvalSet
         "weights": None if target.weights is None else str(target.weights),
         "run_git_commit": run_info.get("git_commit"),
         "relax_core": __version__, "git_commit": git_commit(Path(__file__).resolve().parent),
-        "engine": cfg.rollout_engine, "settings": {**asdict(settings), "pass_k": list(settings.ks()) if settings.n_samples
+        "engine": cfg.rollout_engine, "bf16": cfg.bf16, "settings": {**asdict(settings), "pass_k": list(settings.ks()) if settings.n_samples
                                                    else [], "max_response_len": max_len,
                                                    "stop": list(cfg.rollout_stop),
                                                    "apply_chat_template": cfg.apply_chat_template},

@@ -136,6 +136,18 @@ def _cuda_visible() -> bool:
     return torch.cuda.is_available()
 
 
+def _bf16(ctx: Context, caps: Any) -> str | None:
+    """An explicit ``--bf16`` on a device where the backend does not train in bfloat16 (the
+    default, ``None``, is decided per backend at start-up and never refused)."""
+    if not ctx.cfg.bf16:
+        return None
+    dev = ctx.cfg.device if ctx.cfg.device != "auto" else "cuda" if _cuda_visible() else "cpu"
+    if dev in caps.bf16_devices:
+        return None
+    return (f"cannot train in bfloat16 (--bf16) on {dev}"
+            + (f": it does only on {', '.join(sorted(caps.bf16_devices))}" if caps.bf16_devices else ""))
+
+
 def _unmet(ctx: Context, caps: Any, field: str) -> list[str]:
     """The requirements (``BackendCapabilities.requires``) of capability ``field`` that this
     run does not meet: ``cuda`` needs ``--device cuda``, or ``auto`` with CUDA visible to
@@ -438,6 +450,8 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(B, "supports_gradient_checkpointing", "grad ckpt", "Activation recomputation.",
                lambda ctx, c: "does not support --gradient-checkpointing" if ctx.cfg.gradient_checkpointing and not c.supports_gradient_checkpointing else None,
                "remove --gradient-checkpointing"),
+    Capability(B, "bf16_devices", "bf16", "Devices on which it trains under bfloat16 autocast (--bf16; the default, auto, turns it on only there, where the device computes bfloat16 natively).",
+               _bf16, "use --no-bf16 (float32), or a --device / --train-backend whose bf16 column lists it"),
     Capability(B, "supports_shared_prefix", "shared prefix", "Encodes a group's shared prompt once in the training forward, exactly (the torch backend's --shared-prefix)."),
     Capability(B, "supports_token_budget", "token budget", "Packs micro-batches to --max-tokens-per-micro-batch.",
                lambda ctx, c: f"cannot pack micro-batches by tokens, so --max-tokens-per-micro-batch {ctx.cfg.max_tokens_per_micro_batch} would be ignored" if ctx.cfg.max_tokens_per_micro_batch and not c.supports_token_budget else None,

@@ -371,6 +371,7 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
     from relax_core.host.reward_check import RewardWatch
     from relax_core.reporting.metrics import git_commit
     from relax_core.run.components import Components
+    from relax_core.run.precision import resolve_bf16
     from relax_core.stages import reward_mix
     from relax_core.stages.episodes import build_runner
     from relax_core.stages.rewarding import build_processors
@@ -380,6 +381,10 @@ def _launch(cfg: Any, resolved: Any, reg: Any, checked: Preflight, display: Any)
     np.random.seed(cfg.seed % 2**32)
     torch.manual_seed(cfg.seed)
 
+    # --bf16 auto, decided here once: config.json keeps the decision
+    cfg, precision = resolve_bf16(cfg, resolved.context.backend.caps.bf16_devices)
+    if precision:
+        display.message(precision)
     run_dir = checked.run_dir
     prepare_run_dir(cfg, run_dir, fresh=checked.resume_from is None)
     config_dict = config_to_dict(cfg)

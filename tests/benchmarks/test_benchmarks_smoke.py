@@ -74,7 +74,16 @@ def test_e2e_summary_medians_and_paired_ratio():
     assert s["relax"]["s_per_step"] == 3 and s["trl"]["s_per_step"] == 4
     assert s["relax"]["gen_tok_s"] == 100 and s["trl"]["gen_tok_s"] == 80  # per step 4·tokens/seconds
     assert s["relax"]["gen_share"] == 0.25 and s["trl"]["peak_rss_mb"] == 103.0  # the warm-up counts for the peak
-    assert "paired trained tok/s ratio" in e2e_trl.report([s], type("A", (), {"threads": 2})())
+    text = e2e_trl.report([s], type("A", (), {"threads": 2, "bf16": True})())
+    assert "paired trained tok/s ratio" in text and "2 torch threads per side; bfloat16 autocast on both sides" in text
+
+
+def test_both_sides_of_the_matched_work_get_the_same_precision():
+    common = dict(prompts=2, group=4, max_new=8, lr=1e-5, temperature=0.7, seed=0)
+    for bf16 in (True, False):
+        flags = e2e_trl.matched_relax_flags(model="m", data="d", **common, bf16=bf16)
+        assert flags[-1] == ("--bf16" if bf16 else "--no-bf16")
+        assert e2e_trl.matched_grpo_config(**common, bf16=bf16)["bf16"] is bf16
 
 
 def test_algorithm_smoke():

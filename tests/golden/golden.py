@@ -57,10 +57,11 @@ if str(HERE) not in sys.path:
 REL_TOL, ABS_TOL = 1e-5, 1e-7
 RAY_TOL = 1e-4
 
+#: the recordings are float32 runs: ``--no-bf16`` pins them on CPUs where bf16 is the default
 BASE = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--global-batch-size", "8",
         "--rollout-max-response-len", "8", "--num-rollout", "4", "--lr", "1e-3", "--seed", "3",
         "--prompt-suffix", " Answer:", "--reward-num-workers", "1", "--quiet", "--wandb-mode", "disabled",
-        "--no-save-hf", "--custom-rm-path", "golden_scorers:vowel_fraction"]
+        "--no-save-hf", "--no-bf16", "--custom-rm-path", "golden_scorers:vowel_fraction"]
 
 ESTIMATORS = ("grpo", "rloo", "ppo", "cispo", "gspo", "sapo", "m2po", "reinforce_plus_plus",
               "reinforce_plus_plus_baseline")

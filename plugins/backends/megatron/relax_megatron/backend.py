@@ -636,7 +636,7 @@ def build(params: Any, config: Any) -> MegatronBackend:
         hf.config, hf.state_dict(), tp=config.tensor_parallel_size, pp=config.pipeline_parallel_size,
         cp=config.context_parallel_size, lr=config.lr,
         weight_decay=config.weight_decay,
-        micro_batch_size=config.micro_batch_size, seed=config.seed, bf16=config.bf16,
+        micro_batch_size=config.micro_batch_size, seed=config.seed, bf16=bool(config.bf16),
         temperature=config.rollout_temperature,
         ref_loader=lambda: load_model(config.ref_load or config.model).state_dict(),
         tokenizer_source=config.model, device=config.device)

@@ -28,6 +28,9 @@ def relax_register_train_backends():
             supports_routing_replay=False,
             provides_fields=frozenset({"train_top_k_log_probs"}),
             supports_gradient_checkpointing=False,
+            # megatron-core's linear layers' backward does not cast under CPU autocast
+            # (grad_output bfloat16 @ weight float32 fails): bf16 on CUDA only
+            bf16_devices=frozenset({"cuda"}),
             supports_token_budget=False,  # micro-batches of --micro-batch-size samples only
         ),
     )]

@@ -66,6 +66,7 @@ def relax_register_train_backends():
             provides_fields=frozenset({"train_top_k_log_probs", "teacher_log_probs"}),
             supports_token_budget=True,
             supports_gradient_checkpointing=True,
+            bf16_devices=frozenset({"cpu", "cuda"}),
             supports_shared_prefix=True,
             supports_lora=True,
             lora_default_targets=DEFAULT_TARGET_MODULES,

@@ -7,8 +7,9 @@ from relax_core import EngineCapabilities, EngineSpec, hookimpl, param
 
 @dataclass(frozen=True)
 class HFEngineParams:
-    dtype: str = param("float32", "Weights and compute dtype of the rollout model.",
-                       flag="--hf-dtype", choices=("float32", "bfloat16", "float16"))
+    dtype: str = param("auto", "Weights and compute dtype of the rollout model; auto: bfloat16 when the run trains "
+                       "with --bf16 (on by default where the device computes bfloat16 natively), else float32.",
+                       flag="--hf-dtype", choices=("auto", "float32", "bfloat16", "float16"))
     max_batch_size: int = param(64, "Most sequences decoded together (larger batches run in chunks).",
                                 flag="--hf-max-batch-size", ge=1)
 

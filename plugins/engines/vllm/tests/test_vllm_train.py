@@ -40,7 +40,8 @@ def _train(tmp_path, name, *extra, steps=2):
             "--output-dir", str(tmp_path), "--run-name", name, "--custom-rm-path", "vllm_test_scorers:vowel_fraction",
             "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--global-batch-size", "8",
             "--rollout-max-response-len", "8", "--rollout-temperature", "0.8", "--num-rollout", str(steps), "--quiet",
-            "--lr", "1e-3", "--seed", "3", "--reward-num-workers", "1", "--no-save-hf", *extra]
+            "--lr", "1e-3", "--seed", "3", "--reward-num-workers", "1", "--no-save-hf",
+            "--no-bf16", *extra]  # float32 on every CPU: the log-probs are compared to 1e-4
     r = subprocess.run([sys.executable, "-c", "from cli.main import app; app()", "train", *args],
                        capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
