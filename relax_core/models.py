@@ -328,10 +328,12 @@ def load_model(model: str, dtype: Any = "float32", device: Any = "cpu") -> Any:
 
 def load_state_dict_(module: Any, state_dict: Any, *, share: bool = False) -> None:
     """Copy ``state_dict`` (Hugging Face names) into ``module``'s parameters and buffers
-    in place (no rebuild), converting dtype and device.  ``share=True``: each parameter's
-    storage is replaced instead (``param.data = value``): by ``value`` itself where dtype and
-    device match (no copy; the module's own storage is freed), else by a converted copy, so
-    that storage shared by an earlier push is never written to.
+    in place (no rebuild), converting dtype and device.  ``share=True``: where dtype and
+    device match, each parameter's storage is replaced instead (``param.data = value``: no
+    copy; the module's own storage is freed); elsewhere (e.g. a bfloat16 engine beside a
+    float32 trainer) the value is converted into the parameter's own storage in place (no
+    second copy of the model during the push), unless an earlier push shared that storage:
+    it then gets a converted copy, so that the trainer's tensors are never written to.
 
     Tied weights (e.g. ``lm_head.weight`` sharing ``model.embed_tokens.weight``) may be
     given once.
@@ -349,14 +351,20 @@ def load_state_dict_(module: Any, state_dict: Any, *, share: bool = False) -> No
     if unknown or missing:
         raise KeyError(f"state dict does not match the model: unknown {unknown[:5]}{'...' if len(unknown) > 5 else ''}, "
                        f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}")
+    if share and not hasattr(module, "_relax_shared_ptrs"):
+        module._relax_shared_ptrs = set()  # storage a push shared: never written to
     with torch.no_grad():
         for name, value in state_dict.items():
             dst = own[name]
             if tuple(dst.shape) != tuple(value.shape):
                 raise ValueError(f"{name}: shape {tuple(value.shape)} != model's {tuple(dst.shape)}")
-            if share:
+            if share and dst.dtype == value.dtype and dst.device == value.device:
                 if dst.data_ptr() != value.data_ptr():
-                    dst.data = value.to(device=dst.device, dtype=dst.dtype)  # value itself when they match
+                    dst.data = value
+                module._relax_shared_ptrs.add(dst.data_ptr())
+            elif share and dst.data_ptr() in module._relax_shared_ptrs:
+                module._relax_shared_ptrs.discard(dst.data_ptr())
+                dst.data = value.to(device=dst.device, dtype=dst.dtype)
             else:
                 dst.copy_(value)
 

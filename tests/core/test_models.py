@@ -126,9 +126,13 @@ def test_load_state_dict_shared_keeps_the_given_tensors(tmp_path):
     assert m.model.norm.weight.data_ptr() == sd["model.norm.weight"].data_ptr()
 
     half = models.load_model(str(tiny.make_tiny_model(tmp_path / "c", seed=0)), dtype="bfloat16")
-    models.load_state_dict_(half, sd, share=True)
+    own_storage = {k: p.data_ptr() for k, p in half.state_dict(keep_vars=True).items()}
+    for _ in range(2):  # converted into the engine's own storage, push after push: no second copy
+        models.load_state_dict_(half, sd, share=True)
+        assert {k: p.data_ptr() for k, p in half.state_dict(keep_vars=True).items()} == own_storage
     assert half.model.norm.weight.dtype == torch.bfloat16
     assert torch.equal(half.model.norm.weight, sd["model.norm.weight"].to(torch.bfloat16))
+    assert half.lm_head.weight is half.model.embed_tokens.weight
 
     trainer_before = {k: v.clone() for k, v in sd.items()}
     older = {k: (v.double() - 1.0) for k, v in sd.items()}  # another dtype: cannot be shared
