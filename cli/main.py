@@ -256,7 +256,7 @@ def capabilities(
     """The capability matrix: one row per component and one column per capability when it
     fits the terminal; otherwise one row per capability and one column per component (in
     several tables if needed).  Names are never cut."""
-    from relax_core.host.matrix import matrix_json, matrix_markdown, matrix_tables
+    from cli.capabilities import matrix_json, matrix_markdown, matrix_tables
 
     if kind is not None and kind not in KIND:
         typer.echo(f"error: unknown kind '{kind}'; one of {', '.join(KIND)}", err=True)
@@ -317,7 +317,7 @@ def eval_(
 
     from rich.console import Console
 
-    from relax_core.evaluation.run import EvalSettings, prepare, report_table, run_eval
+    from cli.eval import EvalSettings, prepare, report_table, run_eval
     from relax_core.run.launch import BadInput
     from relax_core.stages.episodes import EnvironmentPromptError
 

@@ -1,2 +1,2 @@
-"""Evaluation: the metrics of one evaluation set (``metrics``: pass@k, maj@k, intervals) and
-``relax eval`` (``run``), shared by the in-training evaluation."""
+"""Evaluation metrics of one evaluation set (``metrics``: pass@k, maj@k, intervals), shared by
+``relax eval`` (:mod:`cli.eval`) and the in-training evaluation."""

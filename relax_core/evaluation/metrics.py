@@ -1,5 +1,5 @@
 """Evaluation metrics of one evaluation set: pass@k, maj@k, their standard errors, rewards,
-lengths and truncation.  ``relax eval`` (:mod:`relax_core.evaluation.run`) and the in-training
+lengths and truncation.  ``relax eval`` (:mod:`cli.eval`) and the in-training
 evaluation (``--eval-interval``, :meth:`relax_core.stages.rollout.Rollout.evaluate`) both use them.
 
 The unit of every interval is the **prompt**: a metric is first computed per prompt (its

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from relax_core.host.matrix import matrix_markdown
+from cli.capabilities import matrix_markdown
 from relax_core.host.plugins import load_registry
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "capabilities.md"

@@ -104,7 +104,7 @@ class _Scorer:
 
 
 def test_eval_sampling_is_its_own_not_the_runs():
-    from relax_core.evaluation.run import EvalSet, EvalSettings, evaluate_set
+    from cli.eval import EvalSet, EvalSettings, evaluate_set
 
     # greedy: prompt 0 right, prompt 1 wrong; sampled (n = 4): prompt 0 right twice, prompt 1 never
     fake = _FakeRollout({1: [1.0, 0.0], 4: [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]})

@@ -120,8 +120,8 @@ def test_an_adapter_that_has_not_moved_beyond_the_mismatch_is_checked_again():
 
 
 def test_relax_eval_of_a_lora_run_takes_final_merged_and_refuses_adapters(tmp_path):
+    from cli.eval import resolve_target
     from relax_core.config import config_to_dict
-    from relax_core.evaluation.run import resolve_target
     from relax_core.run.launch import BadInput
 
     run = tmp_path / "run"
