@@ -259,6 +259,20 @@ class RunConfig:
 # --------------------------------------------------------------------------- fields and flags
 
 
+def resolve_device(device: str) -> str:
+    """The device ``--device`` names: ``auto`` is ``cuda`` when this process sees a CUDA GPU,
+    else ``cpu``; ``cpu`` and ``cuda`` are themselves.  The one rule for ``auto`` (the
+    backends, the engines, start-up checks and the precision decision all call it); it
+    imports torch only for ``auto``.
+
+    Example: ``resolve_device("auto")`` is ``"cpu"`` on a machine without a GPU."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def config_fields() -> list[dataclasses.Field]:
     return [f for f in fields(RunConfig) if not f.metadata.get("internal")]
 

@@ -17,6 +17,7 @@ from dataclasses import fields
 from typing import Any
 
 from relax_core.batch import Batch
+from relax_core.config import resolve_device
 
 #: seconds a collective of the training group waits for a missing rank before failing
 GROUP_TIMEOUT_S = 600
@@ -206,13 +207,11 @@ class TrainWorker:
 
     def init_group(self, host: str, port: int) -> None:
         """Join the torch.distributed group (gloo on CPU, NCCL on CUDA)."""
-        import torch
         import torch.distributed as dist
 
         if self.world_size == 1:
             return
-        dev = self.cfg.device
-        backend = "nccl" if dev == "cuda" or (dev == "auto" and torch.cuda.is_available()) else "gloo"
+        backend = "nccl" if resolve_device(self.cfg.device) == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world_size, timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
 

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from relax_core.config import resolve_device
+
 
 @dataclass(frozen=True)
 class Selected:
@@ -130,18 +132,12 @@ def _dev(ctx: Context, caps: Any) -> str | None:
     return None
 
 
-def _cuda_visible() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def _bf16(ctx: Context, caps: Any) -> str | None:
     """An explicit ``--bf16`` on a device where the backend does not train in bfloat16 (the
     default, ``None``, is decided per backend at start-up and never refused)."""
     if not ctx.cfg.bf16:
         return None
-    dev = ctx.cfg.device if ctx.cfg.device != "auto" else "cuda" if _cuda_visible() else "cpu"
+    dev = resolve_device(ctx.cfg.device)
     if dev in caps.bf16_devices:
         return None
     return (f"cannot train in bfloat16 (--bf16) on {dev}"
@@ -158,9 +154,8 @@ def _unmet(ctx: Context, caps: Any, field: str) -> list[str]:
         if name != field:
             continue
         if req == "cuda":
-            dev = ctx.cfg.device
-            if dev == "cpu" or dev == "auto" and not _cuda_visible():
-                out.append("a CUDA device (--device cpu)" if dev == "cpu" else "a CUDA device (none is visible)")
+            if resolve_device(ctx.cfg.device) == "cpu":
+                out.append("a CUDA device (--device cpu)" if ctx.cfg.device == "cpu" else "a CUDA device (none is visible)")
         elif importlib.util.find_spec(req) is None:
             out.append(f"the {req} module (not installed)")
     return out

@@ -20,6 +20,8 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from relax_core.config import resolve_device
+
 #: ``/proc/cpuinfo`` flags of native bfloat16 matrix units that the default is measured on
 #: (Intel AMX; Linux names them ``amx_bf16``).  AVX512-BF16 alone (e.g. AMD Zen 4) is not
 #: measured yet: such CPUs keep float32 unless ``--bf16`` is given.
@@ -72,11 +74,7 @@ def resolve_bf16(cfg: Any, bf16_devices: frozenset[str] = frozenset({"cpu", "cud
     """
     if cfg.bf16 is not None:
         return cfg, None
-    device = cfg.device
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(cfg.device)
     why = native_bf16(device)
     if why and device not in bf16_devices:
         return (dataclasses.replace(cfg, bf16=False),

@@ -87,3 +87,26 @@ def test_auto_stays_float32_where_the_backend_does_not_train_in_bf16(monkeypatch
     assert cfg.bf16 is False
     assert line == ("precision: float32 (auto: the CPU has AMX-BF16 units, but --train-backend megatron trains in "
                     "bfloat16 only on cuda)")
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_one_rule_for_device_auto_in_the_checks_the_backend_and_the_engine(monkeypatch, cuda):
+    """``--device auto`` means CUDA where this process sees a GPU, else the CPU, and the
+    capability check, the precision decision, the torch backend and the hf engine all read
+    it from ``resolve_device`` (a GPU that only some of them saw would split a run)."""
+    from relax_core.config import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    want = "cuda" if cuda else "cpu"
+    assert resolve_device("auto") == want
+    assert resolve_device("cpu") == "cpu" and resolve_device("cuda") == "cuda"
+    import relax_hf.engine
+    import relax_torch.backend
+    from relax_core.host import capabilities
+    for module in (capabilities, precision, relax_torch.backend, relax_hf.engine):
+        assert module.resolve_device is resolve_device, module.__name__
+    built = {}
+    monkeypatch.setattr(relax_hf.engine, "HFEngine", lambda model, **kw: built.update(kw))
+    from relax_hf.plugin import HFEngineParams
+    relax_hf.engine.build(HFEngineParams(), RunConfig(device="auto", bf16=False))
+    assert built["device"] == want

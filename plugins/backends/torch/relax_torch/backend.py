@@ -59,6 +59,7 @@ import torch
 from torch import Tensor, nn
 
 from relax_core.batch import Batch
+from relax_core.config import resolve_device
 from relax_core.contracts import AdapterWeights, ForwardOutput, Gradients
 from relax_core.models import load_model, load_state_dict_, load_tokenizer
 from relax_core.stages.optimizer import step_torch_optimizer
@@ -116,9 +117,7 @@ class TorchBackend:
     def __init__(self, params: Any, config: Any):
         self.cfg = config
         self.params = params
-        dev = config.device
-        self.device = torch.device("cuda" if dev == "auto" and torch.cuda.is_available() else
-                                   "cpu" if dev == "auto" else dev)
+        self.device = torch.device(resolve_device(config.device))
         self.dtype = {"float32": torch.float32, "float64": torch.float64}[params.dtype]
         self.temperature = config.rollout_temperature if config.rollout_temperature > 0 else 1.0
         self.tokenizer = load_tokenizer(config.model)

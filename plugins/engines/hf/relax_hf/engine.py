@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from relax_core.batch import length_mask
+from relax_core.config import resolve_device
 from relax_core.contracts import GenerationOutput, SamplingParams
 from relax_core.models import load_model, load_state_dict_, load_tokenizer
 
@@ -42,9 +43,7 @@ def build(params: Any, config: Any) -> "HFEngine":
     """Factory of the ``hf`` engine: ``(HFEngineParams, RunConfig) -> HFEngine``; ``--hf-dtype
     auto`` is bfloat16 when ``config.bf16`` (decided at start-up, see
     :mod:`relax_core.run.precision`), else float32."""
-    device = config.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(config.device)
     dtype = params.dtype if params.dtype != "auto" else "bfloat16" if config.bf16 else "float32"
     return HFEngine(config.model, dtype=dtype, device=device,
                     max_batch_size=params.max_batch_size, seed=config.seed)
