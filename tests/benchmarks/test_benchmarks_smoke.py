@@ -41,7 +41,7 @@ def test_every_script_is_in_the_suite():
     """A new benchmark script must be added to run_all.SUITE (and so to this smoke test)."""
     listed = {p[2] for p in run_all.SUITE} | {"run_all.py", "e2e_reward.py"}
     # run on demand (distillation.py needs trained students); estimators.py is imported by algorithm.py
-    helpers = {"hf_torch_smollm2.py", "estimators.py", "tools_call_probe.py", "distillation.py"}
+    helpers = {"hf_torch_smollm2.py", "estimators.py", "tools_call_probe.py", "distillation.py", "memory_stages.py"}
     assert {p.name for p in BENCH.glob("*.py")} - listed - helpers == set()
 
 
