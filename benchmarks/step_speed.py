@@ -1,8 +1,9 @@
 """Training time and memory per step with each lever of issue 24 off and on, alternated in one run.
 
 Levers (torch backend): ``--shared-prefix`` (Prefix Grouper, arXiv 2506.05433), ``--packing``
-(with ``--max-tokens-per-micro-batch``), both exact and on by default; ``--bf16`` (autocast,
-not exact, off by default).  The workload mimics the default run: ``--prompts`` prompts ×
+(with ``--max-tokens-per-micro-batch``), ``--selective-checkpointing`` (element-wise operations
+recomputed in the backward), all exact and on by default; ``--bf16`` (autocast, not exact, on
+by default only where the CPU has AMX).  The workload mimics the default run: ``--prompts`` prompts ×
 ``--n`` responses, prompts of ``--prompt-len`` tokens, response lengths uniform in
 ``[1, --max-response]``.  One "train step" is what the torch backend does per step: a no-grad
 forward for the old log-probs, ``accumulate_gradients`` (forward + backward) of a GRPO-like
@@ -39,14 +40,17 @@ import torch
 from relax_core.batch import Batch
 from relax_core.config import RunConfig
 
-#: name -> (shared_prefix, packing, token budget or None, bf16); the first is the old default
+#: name -> (shared_prefix, packing, token budget or None, bf16, selective checkpointing); the
+#: first is the old default, the second the new one (float32: bf16 is on by default only on AMX)
 CONFIGS = {
-    "old_default": (False, False, None, False),
-    "new_default": (True, True, None, False),
-    "padded_budget": (False, False, "budget", False),
-    "packing": (False, True, "budget", False),
-    "shared_prefix+packing": (True, True, "budget", False),
-    "bf16": (False, False, None, True),
+    "old_default": (False, False, None, False, False),
+    "new_default": (True, True, None, False, True),
+    "new_default_no_selective": (True, True, None, False, False),
+    "padded_budget": (False, False, "budget", False, False),
+    "packing": (False, True, "budget", False, False),
+    "shared_prefix+packing": (True, True, "budget", False, False),
+    "selective_checkpointing": (False, False, None, False, True),
+    "bf16": (False, False, None, True, False),
 }
 
 
@@ -74,10 +78,15 @@ class Loss:
 
 
 def configure(be, base_cfg: RunConfig, name: str, budget: int) -> None:
-    """Set the backend's layout switches, token budget and autocast to configuration ``name``."""
-    shared, packing, tb, bf16 = CONFIGS[name]
+    """Set the backend's layout switches, token budget, autocast and checkpointing to configuration ``name``."""
+    from relax_torch.checkpointing import checkpoint_layers
+
+    shared, packing, tb, bf16, selective = CONFIGS[name]
     be.shared_prefix, be.packing = shared, packing
     be.cfg = dataclasses.replace(base_cfg, max_tokens_per_micro_batch=budget if tb else None, bf16=bf16)
+    model = be.models["actor"]
+    model.gradient_checkpointing_disable()
+    be.checkpointing = checkpoint_layers(model, full=False, selective=selective)
 
 
 def train_step(be, batch: Batch, loss: Loss) -> None:
@@ -181,16 +190,16 @@ def main() -> None:
     print(f"model={a.model} samples={batch.size} prompt_len={a.prompt_len} max_response={a.max_response} "
           f"budget={a.budget} threads={torch.get_num_threads()} repeats={a.repeats} "
           f"real_tokens_plain={real} loadavg_end={' '.join(load)}")
-    print("| configuration | shared_prefix | packing | budget | bf16 | train s/step (median) | ratio to old default "
-          "| micro-batches | positions | padding fraction | peak RSS GiB (loaded → after step) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| configuration | shared_prefix | packing | budget | bf16 | selective ckpt | train s/step (median) "
+          "| ratio to old default | micro-batches | positions | padding fraction | peak RSS GiB (loaded → after step) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     base = statistics.median(times["old_default"])
-    for name, (shared, packing, tb, bf16) in CONFIGS.items():
+    for name, (shared, packing, tb, bf16, selective) in CONFIGS.items():
         (positions, filled), mbs = layout[name]
         med = statistics.median(times[name])
         m = memory.get(name)
         mem = f"{m['peak']:.2f} ({m['loaded']:.2f} → {m['after_step']:.2f})" if m else "-"
-        print(f"| {name} | {shared} | {packing} | {a.budget if tb else '-'} | {bf16} | {med:.3f} | {med / base:.3f} "
+        print(f"| {name} | {shared} | {packing} | {a.budget if tb else '-'} | {bf16} | {selective} | {med:.3f} | {med / base:.3f} "
               f"| {mbs} | {positions} | {1 - filled / positions:.3f} | {mem} |")
     print(f"step_time_ratio: {statistics.median(times['new_default']) / base:.3f}")
     if memory:

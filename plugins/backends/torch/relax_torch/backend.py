@@ -31,8 +31,10 @@ optimizer step (:mod:`relax_core.stages.optimizer`: non-finite skipping, ``--cli
 ``--lr-warmup-steps``) then calls :meth:`~TorchBackend.grad_norm` and
 :meth:`~TorchBackend.apply_gradients`, an AdamW step (``--weight-decay``, ``--adam-beta1``,
 ``--adam-beta2``, ``--adam-eps``).  ``--bf16``: bfloat16 autocast
-with float32 master weights and a float32 log-softmax.  ``--gradient-checkpointing``:
-transformers' activation recomputation.  Dropout is disabled in every model (the old,
+with float32 master weights and a float32 log-softmax.  Activation checkpointing
+(:mod:`relax_torch.checkpointing`): selective by default (``--selective-checkpointing``: the
+element-wise operations are recomputed in the backward; exact), whole layers with
+``--gradient-checkpointing``.  Dropout is disabled in every model (the old,
 rollout and training forwards must be the same function), except ``--lora-dropout``.
 
 Teacher (``--teacher-model``, on-policy distillation): a frozen model built by
@@ -63,6 +65,7 @@ from relax_core.config import resolve_device
 from relax_core.contracts import AdapterWeights, ForwardOutput, Gradients
 from relax_core.models import load_model, load_state_dict_, load_tokenizer
 from relax_core.stages.optimizer import step_torch_optimizer
+from relax_torch.checkpointing import checkpoint_layers
 from relax_torch.layout import EXACT_ATTENTION, build_layout, group_of, layout_positions
 from relax_torch.logprobs import token_log_probs
 from relax_torch.lora import (
@@ -126,8 +129,7 @@ class TorchBackend:
         self.packing = bool(getattr(params, "packing", True))
         actor = self._load(config.model)
         self.peft = add_adapter(actor, config) if config.lora_rank else None  # peft.PeftModel around actor
-        if config.gradient_checkpointing:
-            actor.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.checkpointing = self._checkpoint(actor)
         self.models: dict[str, nn.Module] = {"actor": actor}
         self.optimizers: dict[str, torch.optim.Optimizer] = {"actor": self._adamw(actor)}
         self.steps: dict[str, int] = {"actor": 0}
@@ -179,6 +181,11 @@ class TorchBackend:
         warnings.warn(f"torch backend: {on} off ({reason}); training uses the plain padded layout "
                       "(--no-shared-prefix --no-packing silences this)", stacklevel=3)
         self.shared_prefix = self.packing = False
+
+    def _checkpoint(self, model: nn.Module) -> str | None:
+        """Activation checkpointing of a trained role (:mod:`relax_torch.checkpointing`)."""
+        return checkpoint_layers(model, full=bool(self.cfg.gradient_checkpointing),
+                                 selective=bool(getattr(self.params, "selective_checkpointing", True)))
 
     def _adamw(self, model: nn.Module) -> torch.optim.Optimizer:
         """AdamW over the trainable parameters (the core sets each step's learning rate)."""
@@ -233,8 +240,7 @@ class TorchBackend:
                 from safetensors.torch import load_file
 
                 load_state_dict_(critic.value_head, load_file(str(head)))
-            if self.cfg.gradient_checkpointing:
-                lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self._checkpoint(lm)
             self.models["critic"] = critic
             self.optimizers["critic"] = self._adamw(critic)
             self.steps["critic"] = 0

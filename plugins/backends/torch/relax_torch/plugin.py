@@ -47,6 +47,13 @@ class TorchBackendParams:
               "behind a block-diagonal 4-D mask with per-sequence position ids; exact, on by default under "
               "the same conditions as --shared-prefix (--no-packing: the budget counts padded positions).",
         flag="--packing")
+    selective_checkpointing: bool = param(
+        True, "Selective activation checkpointing: the backward keeps the outputs of the matrix products and "
+              "attention and recomputes the decoder layers' element-wise operations (norms, activations, "
+              "rotary embedding) from them; exact (the same kernels on the same inputs), about a third less "
+              "activation memory at no measurable time, so on by default; --gradient-checkpointing "
+              "(everything recomputed) takes precedence.",
+        flag="--selective-checkpointing")
 
 
 @hookimpl

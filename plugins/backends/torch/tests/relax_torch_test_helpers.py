@@ -9,11 +9,13 @@ from relax_torch.backend import TorchBackend
 from relax_torch.plugin import TorchBackendParams
 
 
-def make_backend(model_dir, dtype="float64", layout=True, **cfg):
-    """``layout=False``: the plain padded layout (``--no-shared-prefix --no-packing``)."""
+def make_backend(model_dir, dtype="float64", layout=True, selective=True, **cfg):
+    """``layout=False``: the plain padded layout (``--no-shared-prefix --no-packing``);
+    ``selective=False``: ``--no-selective-checkpointing``."""
     cfg.setdefault("lr", 1e-3)
     cfg.setdefault("rollout_temperature", 1.0)  # independent of the run default
-    params = TorchBackendParams(dtype=dtype, logits_chunk_size=7, shared_prefix=layout, packing=layout)
+    params = TorchBackendParams(dtype=dtype, logits_chunk_size=7, shared_prefix=layout, packing=layout,
+                                selective_checkpointing=selective)
     return TorchBackend(params, RunConfig(model=str(model_dir), **cfg))
 
 
@@ -38,6 +40,30 @@ def make_batch(seed=0, b=5, t=6, vocab=49152, k=3):
     top = torch.randint(0, vocab, (b, t, k), generator=g)
     return Batch(prompt_ids=prompts, response_ids=resp, loss_mask=mask, advantages=adv, top_k_ids=top,
                  returns=adv * 0.5)
+
+
+def grouped_batch(seed=0, sizes=(1, 4, 3, 1), t=24, k=3, vocab=49152):
+    """Groups of the given sizes, interleaved (group_index not contiguous), prompts of 1 to 12
+    tokens, responses of 0 to ``t`` tokens, masks with holes, garbage off the mask."""
+    g = torch.Generator().manual_seed(seed)
+    gi = torch.cat([torch.full((n,), i) for i, n in enumerate(sizes)])
+    gi = gi[torch.randperm(len(gi), generator=g)]
+    prompts_g = [torch.randint(3, 1000, (int(n),), generator=g).tolist()
+                 for n in torch.randint(1, 13, (len(sizes),), generator=g)]
+    b = len(gi)
+    lengths = torch.randint(1, t + 1, (b,), generator=g)
+    lengths[0], lengths[1] = t, 1
+    if b > 3:
+        lengths[3] = 0
+    mask = torch.arange(t)[None, :] < lengths[:, None]
+    holes = torch.rand(b, t, generator=g) < 0.2
+    mask = mask & ~holes
+    resp = torch.randint(3, 1000, (b, t), generator=g)
+    resp = torch.where(mask | (torch.rand(b, t, generator=g) < 0.5), resp, 10**9)  # holes hold real tokens or garbage
+    adv = torch.where(mask, torch.randn(b, t, generator=g, dtype=torch.float64), float("nan"))
+    return Batch(prompt_ids=[prompts_g[int(i)] for i in gi], response_ids=resp, loss_mask=mask, advantages=adv,
+                 top_k_ids=torch.randint(0, vocab, (b, t, k), generator=g), returns=adv * 0.5,
+                 group_index=gi, rewards=torch.randn(b, generator=g).double(), response_lengths=lengths)
 
 
 class PGLoss:

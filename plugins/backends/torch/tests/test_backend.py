@@ -352,12 +352,13 @@ def test_gradient_checkpointing_same_gradients(tiny_model_dir):
     batch = make_batch(seed=7)
     fn = PGLoss(float(batch.loss_mask.sum()))
     out = []
-    for ckpt in (False, True):
-        be = make_backend(tiny_model_dir, gradient_checkpointing=ckpt)
+    for full, selective in ((False, False), (True, False), (False, True)):  # none, full, selective
+        be = make_backend(tiny_model_dir, gradient_checkpointing=full, selective=selective)
         be.accumulate_gradients(batch, fn)
         out.append(grads(be.models["actor"]))
-    for k in out[0]:
-        torch.testing.assert_close(out[1][k], out[0][k], atol=1e-13, rtol=0)
+    for other in out[1:]:
+        for k in out[0]:
+            torch.testing.assert_close(other[k], out[0][k], atol=1e-13, rtol=0)
 
 
 def test_bf16_autocast_close_to_fp32(tiny_model_dir):
@@ -440,13 +441,14 @@ def test_routing_replay(tiny_moe_model_dir):
         torch.testing.assert_close(forced[i, :n], want.float(), atol=1e-5, rtol=0)
     fn = PGLoss(float(m.sum()))
     out = []
-    for ckpt in (False, True):
-        be2 = make_backend(tiny_moe_model_dir, dtype="float32", gradient_checkpointing=ckpt)
+    for full, selective in ((False, False), (True, False), (False, True)):  # none, full, selective
+        be2 = make_backend(tiny_moe_model_dir, dtype="float32", gradient_checkpointing=full, selective=selective)
         be2.setup(routing_replay=True)
         be2.accumulate_gradients(replayed, fn)
         out.append(grads(be2.models["actor"]))
-    for k in out[0]:
-        torch.testing.assert_close(out[1][k], out[0][k], atol=1e-6, rtol=1e-5, msg=k)
+    for other in out[1:]:
+        for k in out[0]:
+            torch.testing.assert_close(other[k], out[0][k], atol=1e-6, rtol=1e-5, msg=k)
 
 
 def _byte_batch(seed: int, b: int = 6, t: int = 12) -> Batch:

@@ -24,21 +24,24 @@ from relax_core.stages.loss import ActorLoss, LossSettings, global_denominators
 from relax_torch.backend import TorchBackend
 from relax_torch.layout import build_layout
 from relax_torch.plugin import TorchBackendParams
-from relax_torch_test_helpers import PGLoss
+from relax_torch_test_helpers import PGLoss, grouped_batch
 
 TOL = dict(atol=1e-10, rtol=1e-10)  # float64: the two layouts differ only in summation order
 
 
-def _backend(model_dir, shared, dtype="float64", packing=False, **cfg):
-    """shared=False, packing=False: the plain layout (the reference)."""
+def _backend(model_dir, shared, dtype="float64", packing=False, selective=True, **cfg):
+    """shared=False, packing=False: the plain layout (the reference); selective: the default
+    ``--selective-checkpointing`` (:mod:`relax_torch.checkpointing`)."""
     cfg.setdefault("lr", 1e-3)
     cfg.setdefault("rollout_temperature", 0.7)
-    return TorchBackend(TorchBackendParams(dtype=dtype, logits_chunk_size=7, shared_prefix=shared, packing=packing),
+    return TorchBackend(TorchBackendParams(dtype=dtype, logits_chunk_size=7, shared_prefix=shared, packing=packing,
+                                           selective_checkpointing=selective),
                         RunConfig(model=str(model_dir), **cfg))
 
 
 LAYOUTS = {"shared": dict(shared=True), "packed": dict(shared=False, packing=True, max_tokens_per_micro_batch=60),
-           "shared_packed": dict(shared=True, packing=True, max_tokens_per_micro_batch=60)}
+           "shared_packed": dict(shared=True, packing=True, max_tokens_per_micro_batch=60),
+           "selective": dict(shared=False)}  # the plain layout, with selective checkpointing (the reference has none)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -58,30 +61,6 @@ def float64_norm():
 @pytest.fixture(scope="module")
 def pair(tiny_model_dir):
     return _backend(tiny_model_dir, False), _backend(tiny_model_dir, True)
-
-
-def grouped_batch(seed=0, sizes=(1, 4, 3, 1), t=24, k=3, vocab=49152):
-    """Groups of the given sizes, interleaved (group_index not contiguous), prompts of 1 to 12
-    tokens, responses of 0 to ``t`` tokens, masks with holes, garbage off the mask."""
-    g = torch.Generator().manual_seed(seed)
-    gi = torch.cat([torch.full((n,), i) for i, n in enumerate(sizes)])
-    gi = gi[torch.randperm(len(gi), generator=g)]
-    prompts_g = [torch.randint(3, 1000, (int(n),), generator=g).tolist()
-                 for n in torch.randint(1, 13, (len(sizes),), generator=g)]
-    b = len(gi)
-    lengths = torch.randint(1, t + 1, (b,), generator=g)
-    lengths[0], lengths[1] = t, 1
-    if b > 3:
-        lengths[3] = 0
-    mask = torch.arange(t)[None, :] < lengths[:, None]
-    holes = torch.rand(b, t, generator=g) < 0.2
-    mask = mask & ~holes
-    resp = torch.randint(3, 1000, (b, t), generator=g)
-    resp = torch.where(mask | (torch.rand(b, t, generator=g) < 0.5), resp, 10**9)  # holes hold real tokens or garbage
-    adv = torch.where(mask, torch.randn(b, t, generator=g, dtype=torch.float64), float("nan"))
-    return Batch(prompt_ids=[prompts_g[int(i)] for i in gi], response_ids=resp, loss_mask=mask, advantages=adv,
-                 top_k_ids=torch.randint(0, vocab, (b, t, k), generator=g), returns=adv * 0.5,
-                 group_index=gi, rewards=torch.randn(b, generator=g).double(), response_lengths=lengths)
 
 
 def _grads(model):
@@ -228,16 +207,22 @@ def test_layout_mask_is_the_prefix_grouper_mask():
 
 
 ESTIMATORS = ["grpo", "gspo", "ppo"]
+ALL_ESTIMATORS = default_registry().names("estimator")
 
 
-@pytest.mark.parametrize("est,layout", [(e, "shared") for e in ESTIMATORS] + [("grpo", "packed"), ("ppo", "shared_packed")])
+@pytest.mark.parametrize("est,layout", [(e, "shared") for e in ESTIMATORS] + [("grpo", "packed"), ("ppo", "shared_packed")]
+                         + [(e, "selective") for e in ALL_ESTIMATORS])
 def test_estimator_loss_metrics_and_gradients_equal_plain(tiny_model_dir, est, layout):
     """One actor step's loss, metrics and gradient (and for ppo the critic's values and value
-    gradient) through ActorLoss with the estimator's own advantages."""
+    gradient) through ActorLoss with the estimator's own advantages, against the plain layout
+    without activation checkpointing."""
     reg = default_registry()
     cfg_kw = dict(advantage_estimator=est, n_samples_per_prompt=4, entropy_coef=0.01)
+    if est == "gdpo":  # two reward columns (two --reward scorers)
+        cfg_kw["reward_weights"] = (1.0, 0.5)
     lay = dict(LAYOUTS[layout])
-    bes = [_backend(tiny_model_dir, False, **cfg_kw, max_tokens_per_micro_batch=lay.get("max_tokens_per_micro_batch")),
+    bes = [_backend(tiny_model_dir, False, **cfg_kw, max_tokens_per_micro_batch=lay.get("max_tokens_per_micro_batch"),
+                    selective=False),
            _backend(tiny_model_dir, **lay, **cfg_kw)]
     batch = grouped_batch(seed=3, sizes=(4, 1, 4))
     critic = est == "ppo"
@@ -247,7 +232,10 @@ def test_estimator_loss_metrics_and_gradients_equal_plain(tiny_model_dir, est, l
     if critic:
         torch.testing.assert_close(values[1], values[0], **TOL)
     spec = reg.get("estimator", est).spec
-    params = dataclasses.replace(spec.default_params(), eps_clip_high=0.28)  # an asymmetric clip (PPOClipParams)
+    params = spec.default_params()
+    if hasattr(params, "eps_clip_high"):
+        params = dataclasses.replace(params, eps_clip_high=0.28)  # an asymmetric clip (PPOClipParams)
+    parts = {"reward_parts": torch.stack([batch.rewards, batch.rewards.sign()], 1)} if est == "gdpo" else {}
     results, metrics = [], []
     for be, v in zip(bes, values):
         cfg = be.cfg
@@ -256,7 +244,7 @@ def test_estimator_loss_metrics_and_gradients_equal_plain(tiny_model_dir, est, l
         adv = estimator.compute_advantages(AdvantageInput(
             rewards=batch.rewards, group_index=batch.group_index, loss_mask=batch.loss_mask, old_log_probs=old,
             ref_log_probs=old, values=v if v is not None else torch.zeros_like(old),
-            response_lengths=batch.response_lengths)).advantages
+            response_lengths=batch.response_lengths, **parts)).advantages
         mb = _replace(batch, advantages=adv)
         mb = Batch(**{**{n: getattr(mb, n) for n in ("prompt_ids", "response_ids", "loss_mask", "advantages",
                                                      "group_index")}, "old_log_probs": old})
@@ -273,6 +261,10 @@ def test_estimator_loss_metrics_and_gradients_equal_plain(tiny_model_dir, est, l
     for k in metrics[0]:
         assert metrics[1][k] == pytest.approx(metrics[0][k], rel=rel, abs=1e-12), k
     _assert_same_grads(bes[0].models["actor"], bes[1].models["actor"])
+    assert bes[0].checkpointing is None and bes[1].checkpointing == "selective"
+    if layout == "selective":  # the same kernels recomputed on the same inputs: equal bit for bit
+        ga, gb = _grads(bes[0].models["actor"]), _grads(bes[1].models["actor"])
+        assert all(torch.equal(ga[n], gb[n]) for n in ga)
     if critic:
         n_tok = float(batch.loss_mask.sum())  # the global denominator (micro-batches differ when packed)
 
