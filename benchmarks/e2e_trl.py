@@ -32,7 +32,7 @@ loss                     PPO-clip ε = 0.2, seq-mean-token-mean      ``epsilon 0
 KL / entropy bonus       none (``kl_coef 0``, no KL loss)           ``beta = 0`` (no reference model)
 optimizer                AdamW lr 1e-6, wd 0, clip 1.0, constant    ``adamw_torch`` lr 1e-6, wd 0, max_grad_norm 1,
                                                                     ``lr_scheduler_type="constant"``
-activations              no gradient checkpointing                  ``gradient_checkpointing=False`` (TRL default True)
+activations              selective checkpointing (exact, default)   ``gradient_checkpointing=False`` (TRL default True)
 threads                  ``torch.set_num_threads(--threads)``       the same
 =======================  =========================================  =============================================
 
