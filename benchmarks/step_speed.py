@@ -84,9 +84,12 @@ def configure(be, base_cfg: RunConfig, name: str, budget: int) -> None:
     shared, packing, tb, bf16, selective = CONFIGS[name]
     be.shared_prefix, be.packing = shared, packing
     be.cfg = dataclasses.replace(base_cfg, max_tokens_per_micro_batch=budget if tb else None, bf16=bf16)
-    model = be.models["actor"]
-    model.gradient_checkpointing_disable()
-    be.checkpointing = checkpoint_layers(model, full=False, selective=selective)
+    if (be.checkpointing == "selective") != selective:
+        model = be.models["actor"]
+        model.gradient_checkpointing_disable()
+        if getattr(model, "_require_grads_hook", None) is not None:  # enable's embedding hook, once only
+            model.disable_input_require_grads()
+        be.checkpointing = checkpoint_layers(model, full=False, selective=selective)
 
 
 def train_step(be, batch: Batch, loss: Loss) -> None:

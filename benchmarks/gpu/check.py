@@ -314,7 +314,7 @@ def torch_throughput(model_dir: Path, sizes: Sizes) -> list[dict]:
                             gradient_checkpointing=ckpt, micro_batch_size=1, lr=1e-6, rollout_temperature=1.0)
             be = None
             try:
-                be = TorchBackend(TorchBackendParams(dtype="float32"), cfg)
+                be = TorchBackend(TorchBackendParams(dtype="float32", selective_checkpointing=False), cfg)
                 batch = _batch(sizes.sequences_per_step, seq_len, sizes.model["vocab_size"])
                 times, peak = _timed_steps(grpo_step(be, batch, cfg), sizes.device, sizes.timed_steps)
                 rows.append(_row("torch", seq_len, ckpt, times, peak, sizes))

@@ -14,14 +14,18 @@ through transformers' ``gradient_checkpointing_enable``, which runs each decoder
   (:data:`SAVED_OPS`) are kept from the forward and every other operation of the layer (norms,
   SiLU and the gate product, rotary embedding, the KV repeat, casts, residual adds) runs again
   in the backward, from them.  Those are element-wise, so their second run costs little next
-  to the products it does not repeat.  It repeats the same kernels on the same inputs, so
-  log-probs, losses and gradients are those without it, bit for bit, where the recomputed
-  kernels are deterministic (on CPU all are; on CUDA, see ``torch.use_deterministic_algorithms``).
-  Measured on the default step: the training step's peak above the weights and optimizer state
-  falls from 1.93 to 1.26 GiB, at the same time per step (``docs/guide/performance.md``).
+  to the products it does not repeat.  It repeats the same kernels on the same inputs, so the
+  gradients are those without it; in float32 and float64 on CPU bit for bit (tested; on CUDA
+  only where the kernels are deterministic, ``torch.use_deterministic_algorithms``; under
+  bfloat16 autocast not always bit for bit: ``docs/guide/performance.md``).  Measured
+  on one default step of SmolLM2 (float32): its peak above the RSS before it falls from
+  1.93–1.99 to 1.22–1.50 GiB; a whole default run's training step takes about 4 % longer
+  (``benchmarks/results/memory-20261206.md``).  Not for a model trained through LoRA adapters:
+  their frozen base products keep nothing for the backward, so keeping their outputs holds
+  about as much as it frees (the backend leaves it off there).
 - **full**: only each layer's input is kept and the whole layer, products included, runs again
   in the backward (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", arXiv
-  1604.06174): less memory (0.97 GiB there), about 15 % more time per step.
+  1604.06174): less memory (0.86–1.00 GiB there), 10–20 % more time per step.
 
 Forwards without gradient (old and reference log-probs, the teacher) are not checkpointed:
 ``checkpoint`` runs the layer plainly when grad is off.

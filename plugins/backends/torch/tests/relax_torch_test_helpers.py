@@ -19,6 +19,15 @@ def make_backend(model_dir, dtype="float64", layout=True, selective=True, **cfg)
     return TorchBackend(params, RunConfig(model=str(model_dir), **cfg))
 
 
+def random_value_head(be, seed=0):
+    """Give ``be``'s critic a random value head (the default zero head makes every value 0
+    and sends no gradient into the backbone)."""
+    head = be.models["critic"].value_head
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(seed),
+                                      dtype=head.weight.dtype))
+
+
 def train_step(be, batch, loss_fn, role="actor", critic_settings=None):
     """The core's optimizer step on ``be`` with the options of its run config."""
     return optimizer_step(be, batch, loss_fn, role=role, settings=OptimizerSettings.from_config(be.cfg, critic_settings))

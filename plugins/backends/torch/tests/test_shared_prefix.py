@@ -24,7 +24,7 @@ from relax_core.stages.loss import ActorLoss, LossSettings, global_denominators
 from relax_torch.backend import TorchBackend
 from relax_torch.layout import build_layout
 from relax_torch.plugin import TorchBackendParams
-from relax_torch_test_helpers import PGLoss, grouped_batch
+from relax_torch_test_helpers import PGLoss, grouped_batch, random_value_head
 
 TOL = dict(atol=1e-10, rtol=1e-10)  # float64: the two layouts differ only in summation order
 
@@ -228,6 +228,8 @@ def test_estimator_loss_metrics_and_gradients_equal_plain(tiny_model_dir, est, l
     critic = est == "ppo"
     for be in bes:
         be.setup(needs_critic=critic)
+        if critic:
+            random_value_head(be)
     values = [be.forward(batch, role="critic").values if critic else None for be in bes]
     if critic:
         torch.testing.assert_close(values[1], values[0], **TOL)
