@@ -19,6 +19,19 @@ def make_backend(model_dir, dtype="float64", layout=True, selective=True, **cfg)
     return TorchBackend(params, RunConfig(model=str(model_dir), **cfg))
 
 
+def grads(model):
+    """Parameter name -> a copy of its gradient (parameters that have one)."""
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_equal_grads(a, b):
+    """The gradients of modules ``a`` and ``b`` are equal bit for bit (and there are some)."""
+    ga, gb = grads(a), grads(b)
+    assert ga and ga.keys() == gb.keys()
+    for n in ga:
+        assert torch.equal(ga[n], gb[n]), (n, float((ga[n] - gb[n]).abs().max()))
+
+
 def random_value_head(be, seed=0):
     """Give ``be``'s critic a random value head (the default zero head makes every value 0
     and sends no gradient into the backbone)."""

@@ -9,11 +9,7 @@ import torch
 
 from relax_core.batch import Batch
 from relax_torch.logprobs import token_log_probs
-from relax_torch_test_helpers import PGLoss, make_backend, make_batch, reference_outputs, train_step
-
-
-def grads(model):
-    return {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+from relax_torch_test_helpers import PGLoss, grads, make_backend, make_batch, reference_outputs, train_step
 
 
 @pytest.fixture(scope="module")

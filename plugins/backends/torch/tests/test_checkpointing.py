@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from relax_core.contracts import CriticSettings
 from relax_torch.checkpointing import checkpoint_layers
-from relax_torch_test_helpers import PGLoss, grouped_batch, make_backend, random_value_head
+from relax_torch_test_helpers import PGLoss, assert_equal_grads, grads, grouped_batch, make_backend, random_value_head
 
 MODES = ("none", "selective", "full")
 
@@ -23,17 +23,6 @@ MODES = ("none", "selective", "full")
 def _backends(model_dir, dtype="float64", **kw):
     return {m: make_backend(model_dir, dtype=dtype, selective=m == "selective", gradient_checkpointing=m == "full", **kw)
             for m in MODES}
-
-
-def _grads(model):
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-def _assert_equal_grads(a, b):
-    ga, gb = _grads(a), _grads(b)
-    assert ga and ga.keys() == gb.keys()
-    for n in ga:
-        assert torch.equal(ga[n], gb[n]), (n, float((ga[n] - gb[n]).abs().max()))
 
 
 @pytest.mark.parametrize("layout", [dict(layout=False), dict(layout=True),
@@ -46,7 +35,7 @@ def test_selective_and_full_equal_none(tiny_model_dir, layout):
     for be in bes.values():
         be.accumulate_gradients(batch, fn)
     for m in ("selective", "full"):
-        _assert_equal_grads(bes["none"].models["actor"], bes[m].models["actor"])
+        assert_equal_grads(bes["none"].models["actor"], bes[m].models["actor"])
 
 
 class _Count(TorchDispatchMode):
@@ -100,9 +89,9 @@ def test_critic_is_checkpointed_too(tiny_model_dir):
         be.accumulate_gradients(batch, value_loss, role="critic")
     critic = bes["selective"].models["critic"]
     assert any(getattr(m, "gradient_checkpointing", False) for m in critic.modules())
-    backbone = _grads(critic.backbone)
+    backbone = grads(critic.backbone)
     assert backbone and all(bool(g.ne(0).any()) for n, g in backbone.items() if "layers.0." in n)
-    _assert_equal_grads(bes["none"].models["critic"], critic)
+    assert_equal_grads(bes["none"].models["critic"], critic)
 
 
 def test_a_model_transformers_cannot_checkpoint_falls_back_with_a_warning(tiny_model_dir):
@@ -127,4 +116,4 @@ def test_smollm2_selective_equals_none():
     bes = [make_backend(path, dtype="float32", selective=s) for s in (False, True)]
     res = [be.accumulate_gradients(batch, fn) for be in bes]
     assert res[1].sums["loss"] == res[0].sums["loss"]
-    _assert_equal_grads(bes[0].models["actor"], bes[1].models["actor"])
+    assert_equal_grads(bes[0].models["actor"], bes[1].models["actor"])

@@ -24,7 +24,7 @@ from relax_core.stages.loss import ActorLoss, LossSettings, global_denominators
 from relax_torch.backend import TorchBackend
 from relax_torch.layout import build_layout
 from relax_torch.plugin import TorchBackendParams
-from relax_torch_test_helpers import PGLoss, grouped_batch, random_value_head
+from relax_torch_test_helpers import PGLoss, assert_equal_grads, grads, grouped_batch, random_value_head
 
 TOL = dict(atol=1e-10, rtol=1e-10)  # float64: the two layouts differ only in summation order
 
@@ -63,12 +63,8 @@ def pair(tiny_model_dir):
     return _backend(tiny_model_dir, False), _backend(tiny_model_dir, True)
 
 
-def _grads(model):
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
 def _assert_same_grads(a, b, tol=TOL):
-    ga, gb = _grads(a), _grads(b)
+    ga, gb = grads(a), grads(b)
     assert ga.keys() == gb.keys() and ga
     for n in ga:
         torch.testing.assert_close(gb[n], ga[n], **tol, msg=n)
@@ -81,7 +77,7 @@ def _assert_same_gradients_to(bes, batch, *, rel_atol, rtol):
     fn = PGLoss(float(batch.loss_mask.sum()))
     for be in bes:
         be.accumulate_gradients(batch, fn)
-    scale = max(float(g.abs().max()) for g in _grads(bes[0].models["actor"]).values())
+    scale = max(float(g.abs().max()) for g in grads(bes[0].models["actor"]).values())
     _assert_same_grads(bes[0].models["actor"], bes[1].models["actor"], dict(atol=rel_atol * scale, rtol=rtol))
 
 
@@ -265,8 +261,7 @@ def test_estimator_loss_metrics_and_gradients_equal_plain(tiny_model_dir, est, l
     _assert_same_grads(bes[0].models["actor"], bes[1].models["actor"])
     assert bes[0].checkpointing is None and bes[1].checkpointing == "selective"
     if layout == "selective":  # the same kernels recomputed on the same inputs: equal bit for bit
-        ga, gb = _grads(bes[0].models["actor"]), _grads(bes[1].models["actor"])
-        assert all(torch.equal(ga[n], gb[n]) for n in ga)
+        assert_equal_grads(bes[0].models["actor"], bes[1].models["actor"])
     if critic:
         n_tok = float(batch.loss_mask.sum())  # the global denominator (micro-batches differ when packed)
 
