@@ -521,12 +521,14 @@ def race_one(side: str, seed: int, model_dir: str, data: Path, rows: list[dict],
         times = checkpoint_times(run_dir / "checkpoints", "step_*", t0, lambda n: int(n.split("_")[1]))
         res["perf"] = relax_breakdown(run_dir / "metrics.jsonl", wall)
         res["config"] = json.loads((run_dir / "config.json").read_text())
+        res["prompt_order_sha256"] = order_hash([r["prompt"] for r in trl_rows(run_dir, rows)])
     else:
         times = checkpoint_times(run_dir, "checkpoint-*", t0, lambda n: int(n.split("-")[1]))
         res["config"] = json.loads((run_dir / "trl_args.json").read_text())
         seen = [json.loads(line)["prompt"] for line in (run_dir / "trl_prompts.jsonl").read_text().splitlines()]
         if seen != [r["prompt"] for r in trl_rows(relax_run, rows)]:
             raise RuntimeError(f"TRL seed {seed} trained on other prompts (or another order) than Relax")
+        res["prompt_order_sha256"] = order_hash(seen)
     if not times:
         raise RuntimeError(f"{side} seed {seed} saved no checkpoint (log {work_dir / f'{run_dir.name}.log'})")
     res["checkpoints"] = []
@@ -790,7 +792,8 @@ def rerun_plan(a: argparse.Namespace) -> tuple[dict | None, set[tuple[str, int]]
     Raises:
         SystemExit: ``--keep`` without ``--work-dir`` or without runs to do, ``--rerun``
             without ``--keep``, an unknown side, a TRL run whose Relax run is neither done
-            now nor in ``--work-dir``, or a Relax run done again without its kept TRL run.
+            now nor in ``--work-dir``, or a Relax run done again beside its kept TRL run where
+            the new run may train on another prompt order (:func:`same_prompt_order`).
     """
     if not a.keep:
         if a.rerun:
@@ -807,17 +810,57 @@ def rerun_plan(a: argparse.Namespace) -> tuple[dict | None, set[tuple[str, int]]
         todo.add((side, int(seed)))
     if not todo:
         raise SystemExit("--keep: nothing to run (give --rerun SIDE:SEED or --seeds)")
-    kept_pairs = {(r["side"], r["seed"]) for r in kept["runs"]}
+    kept_runs = {(r["side"], r["seed"]): r for r in kept["runs"]}
     for side, seed in todo:
-        if side == "relax" and ("trl", seed) in kept_pairs and ("trl", seed) not in todo:
+        if side == "relax" and ("trl", seed) in kept_runs and ("trl", seed) not in todo \
+                and not same_prompt_order(kept, kept_runs[("trl", seed)], kept_runs.get(("relax", seed))):
             raise SystemExit(f"relax:{seed} run again would leave the kept trl:{seed}, trained on the earlier Relax "
-                             f"run's prompt order: add trl:{seed}")
+                             f"run's prompt order, which this run may not repeat: add trl:{seed}")
     for side, seed in todo:
         prompts = Path(a.work_dir) / f"relax-seed{seed}" / "trained_prompts.jsonl"
         if side == "trl" and ("relax", seed) not in todo and not prompts.exists():
             raise SystemExit(f"trl:{seed} trains on Relax seed {seed}'s prompt order, and {prompts} does not exist: "
                              f"add relax:{seed}")
     return kept, todo
+
+
+#: the code that decides the ``uniform`` sampler's prompt order (a seeded shuffle of the rows)
+ORDER_CODE = ("relax_core/data.py", "plugins/samplers/uniform")
+
+
+def same_prompt_order(kept: dict, trl_run: dict, relax_run: dict | None) -> bool:
+    """Whether Relax run again trains on the prompt order the kept TRL run trained on, so
+    that the TRL run can be kept: either the TRL run recorded the order's hash (compared with
+    the new Relax run's after it, :func:`check_kept_order`), or the kept Relax run's order
+    could not depend on learning (the ``uniform`` sampler, no reward processor that drops
+    groups) and the code deciding it (:data:`ORDER_CODE`) is the same at ``HEAD`` as at the
+    kept race's commit."""
+    if trl_run.get("prompt_order_sha256"):
+        return True
+    config = (relax_run or {}).get("config") or {}
+    commit = kept.get("machine", {}).get("git commit", "")
+    if config.get("sampler") != "uniform" or config.get("reward_processor") or not commit.isalnum():
+        return False
+    diff = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", commit, "HEAD", "--", *ORDER_CODE],
+                          capture_output=True)
+    return diff.returncode == 0
+
+
+def order_hash(prompts: list[str]) -> str:
+    """sha256 of a run's prompt sequence (one prompt per group, in order)."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
+
+
+def check_kept_order(new: dict, kept_trl: dict) -> None:
+    """A Relax run done now beside a kept TRL run that recorded its order: the orders must be equal.
+
+    Raises:
+        RuntimeError: they differ (the pair would compare different prompts).
+    """
+    if kept_trl.get("prompt_order_sha256") not in (None, new["prompt_order_sha256"]):
+        raise RuntimeError(f"Relax seed {new['seed']} trained on another prompt order than the kept TRL run")
 
 
 def machine() -> dict:
@@ -932,6 +975,8 @@ def main() -> int:
                                              wd / f"relax-seed{seed}" if side == "trl" else None))
                     else:  # kept from the earlier race (when it has that run)
                         pair += [r for r in kept["runs"] if (r["side"], r["seed"]) == (side, seed)]
+                if len(pair) == 2 and kept is not None and ("relax", seed) in rerun and ("trl", seed) not in rerun:
+                    check_kept_order(pair[0], pair[1])
                 res["runs"] += pair
                 if len(pair) == 2:
                     bad = knob_mismatches(pair[0]["config"], pair[1]["config"])

@@ -258,8 +258,32 @@ def test_learning_race_rerun_plan(tmp_path):
     with pytest.raises(SystemExit, match="add relax:2"):
         plan(rerun="trl:2")
     with pytest.raises(SystemExit, match="add trl:1"):
-        plan(rerun="relax:1")
+        plan(rerun="relax:1")  # the kept runs say nothing of the order
     assert plan(rerun="relax:1,trl:1")[1] == {("relax", 1), ("trl", 1)}
+    # Relax alone beside its kept TRL run: where the TRL run recorded its prompt order (checked
+    # after the new run), or where the kept Relax run's order is the uniform sampler's seeded
+    # shuffle, decided by code unchanged since the kept commit (here HEAD itself)
+    head = subprocess.run(["git", "-C", str(learning_race.ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    uniform = {"sampler": "uniform", "reward_processor": []}
+    for trl, relax, commit, ok in [({"prompt_order_sha256": "ab"}, {}, "", True),
+                                   ({}, uniform, head, True),
+                                   ({}, uniform, head + " (uncommitted changes)", False),
+                                   ({}, uniform, "0000000", False),
+                                   ({}, {**uniform, "sampler": "curriculum"}, head, False),
+                                   ({}, {**uniform, "reward_processor": ["dynamic_filter"]}, head, False)]:
+        keep.write_text(json.dumps({"machine": {"git commit": commit},
+                                    "runs": [{"side": "relax", "seed": 1, "config": relax},
+                                             {"side": "trl", "seed": 1, **trl}]}))
+        if ok:
+            assert plan(rerun="relax:1")[1] == {("relax", 1)}
+        else:
+            with pytest.raises(SystemExit, match="may not repeat: add trl:1"):
+                plan(rerun="relax:1")
+    learning_race.check_kept_order({"seed": 1, "prompt_order_sha256": "ab"}, {"prompt_order_sha256": "ab"})
+    learning_race.check_kept_order({"seed": 1, "prompt_order_sha256": "ab"}, {})
+    with pytest.raises(RuntimeError, match="another prompt order"):
+        learning_race.check_kept_order({"seed": 1, "prompt_order_sha256": "ab"}, {"prompt_order_sha256": "cd"})
     with pytest.raises(SystemExit, match="expected relax:SEED"):
         plan(rerun="ppo:1")
     with pytest.raises(SystemExit, match="nothing to run"):
