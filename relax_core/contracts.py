@@ -373,6 +373,14 @@ class RolloutEngine(Protocol):
         :class:`AdapterWeights` instead (unless ``--no-lora-engine-adapter``): it samples
         from its base weights with that adapter applied, replacing the previous one."""
 
+    def release_weights(self) -> None:
+        """Free the weights the engine holds of its own (not those a ``share=True`` push
+        shared) until the next ``update_weights``; generating in between is an error.  Called
+        only on engines declaring
+        :attr:`~relax_core.specs.EngineCapabilities.supports_shared_weights`, in the runs that
+        share, before each training step: the step's peak memory then holds no engine copy
+        of the model (a bfloat16 engine beside a float32 trainer)."""
+
     def shutdown(self) -> None: ...
 
 

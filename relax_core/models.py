@@ -333,7 +333,8 @@ def load_state_dict_(module: Any, state_dict: Any, *, share: bool = False) -> No
     copy; the module's own storage is freed); elsewhere (e.g. a bfloat16 engine beside a
     float32 trainer) the value is converted into the parameter's own storage in place (no
     second copy of the model during the push), unless an earlier push shared that storage:
-    it then gets a converted copy, so that the trainer's tensors are never written to.
+    it then gets a converted copy, so that the trainer's tensors are never written to.  A
+    parameter that :func:`release_weights_` freed gets new storage (shared where it can be).
 
     Tied weights (e.g. ``lm_head.weight`` sharing ``model.embed_tokens.weight``) may be
     given once.
@@ -345,9 +346,14 @@ def load_state_dict_(module: Any, state_dict: Any, *, share: bool = False) -> No
     import torch
 
     own = module.state_dict(keep_vars=True)
+    released = getattr(module, "_relax_released", {})
+
+    def tie(t: Any) -> int:  # what ties two names: their storage; a released parameter has none
+        return id(t) if id(t) in released else t.data_ptr()
+
     unknown = sorted(set(state_dict) - set(own))
-    given_ptrs = {own[k].data_ptr() for k in state_dict if k in own}
-    missing = sorted(k for k in set(own) - set(state_dict) if own[k].data_ptr() not in given_ptrs)
+    given = {tie(own[k]) for k in state_dict if k in own}
+    missing = sorted(k for k in set(own) - set(state_dict) if tie(own[k]) not in given)
     if unknown or missing:
         raise KeyError(f"state dict does not match the model: unknown {unknown[:5]}{'...' if len(unknown) > 5 else ''}, "
                        f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}")
@@ -356,15 +362,48 @@ def load_state_dict_(module: Any, state_dict: Any, *, share: bool = False) -> No
     with torch.no_grad():
         for name, value in state_dict.items():
             dst = own[name]
-            if tuple(dst.shape) != tuple(value.shape):
-                raise ValueError(f"{name}: shape {tuple(value.shape)} != model's {tuple(dst.shape)}")
+            shape = released.get(id(dst), tuple(dst.shape))
+            if shape != tuple(value.shape):
+                raise ValueError(f"{name}: shape {tuple(value.shape)} != model's {shape}")
             if share and dst.dtype == value.dtype and dst.device == value.device:
+                released.pop(id(dst), None)
                 if dst.data_ptr() != value.data_ptr():
                     dst.data = value
                 module._relax_shared_ptrs.add(dst.data_ptr())
-            elif share and dst.data_ptr() in module._relax_shared_ptrs:
-                module._relax_shared_ptrs.discard(dst.data_ptr())
-                dst.data = value.to(device=dst.device, dtype=dst.dtype)
+            elif released.pop(id(dst), None) is not None or (share and dst.data_ptr() in module._relax_shared_ptrs):
+                if share:
+                    module._relax_shared_ptrs.discard(dst.data_ptr())
+                dst.data = value.to(device=dst.device, dtype=dst.dtype, copy=True)
             else:
                 dst.copy_(value)
 
+
+def release_weights_(module: Any) -> int:
+    """Free the storage of ``module``'s parameters that it owns, until :func:`load_state_dict_`
+    gives them values again: each keeps its dtype and device but holds no elements (its shape
+    is remembered; :func:`weights_released` says so).  Storage that a ``share=True`` push
+    shared (the trainer's) is left alone; buffers are kept.
+
+    Returns:
+        int: the bytes freed.
+    """
+    import torch
+
+    shared = getattr(module, "_relax_shared_ptrs", set())
+    if not hasattr(module, "_relax_released"):
+        module._relax_released = {}  # id(parameter) -> its shape, until its next values
+    freed = 0
+    with torch.no_grad():
+        for p in module.parameters():  # each Parameter once (tied ones are one object)
+            if id(p) in module._relax_released or p.data_ptr() in shared:
+                continue
+            module._relax_released[id(p)] = tuple(p.shape)
+            freed += p.numel() * p.element_size()
+            p.data = p.data.new_empty(0)
+    return freed
+
+
+def weights_released(module: Any) -> bool:
+    """Whether some of ``module``'s parameters are released (:func:`release_weights_`) and
+    not yet given values again."""
+    return bool(getattr(module, "_relax_released", None))

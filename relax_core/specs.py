@@ -303,7 +303,9 @@ class EngineCapabilities:
     asks for it only when the caller owns those tensors in the same process and changes them
     only between generation calls, pushing after every change: a synchronous local run with
     ``--update-weights-interval 1``, where the trainer's weights then serve the engine too
-    (one copy of the model in memory, not two)."""
+    (one copy of the model in memory, not two).  Such an engine also implements
+    ``release_weights()``, called before each training step: it frees the weights it holds
+    of its own (e.g. a bfloat16 copy beside a float32 trainer) until the push after the step."""
     supports_lora_adapters: bool = False
     """In a LoRA run (``--lora-rank``) ``update_weights`` takes the adapter alone
     (:class:`~relax_core.contracts.AdapterWeights`, PEFT format) and applies it to its base

@@ -184,6 +184,7 @@ class Trainer:
     def step(self, step: int) -> dict[str, float]:
         t_step = time.monotonic()
         batch, metrics = self.source.next(step)  # 1
+        self.publisher.before_train()
         t_train = time.monotonic()
         metrics.update(self.train_on(batch, step))  # 2 + 3
         metrics["perf/train_time"] = time.monotonic() - t_train

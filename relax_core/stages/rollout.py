@@ -128,7 +128,9 @@ class Publisher:
     ``share=True`` (:attr:`~relax_core.run.components.Components.share_weights`): every push
     asks the engine to keep the trainer's tensors rather than copy them, starting with
     :meth:`share_now` before the first step of a fresh run (so the engine's own copy is freed
-    before the first step's peak); ``interval`` is then 1 and ``post`` False.
+    before the first step's peak), and :meth:`before_train` frees what the engine still holds
+    of its own (a copy in another dtype) while the trainer steps; ``interval`` is then 1 and
+    ``post`` False.
 
     Args:
         engine: the rollout engine (``update_weights(state_dict, version[, share])``).
@@ -161,6 +163,12 @@ class Publisher:
         trainer's, its own older ones otherwise, until the next push)."""
         if self.share:
             self.push(self.state_dict(), self.held)
+
+    def before_train(self) -> None:
+        """With ``share``: the engine frees the weights it holds of its own until the push
+        after the step (``release_weights``): the step's peak holds no engine copy."""
+        if self.share:
+            self.engine.release_weights()
 
     @property
     def posted(self) -> int:

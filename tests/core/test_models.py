@@ -141,6 +141,41 @@ def test_load_state_dict_shared_keeps_the_given_tensors(tmp_path):
         assert torch.equal(v, trainer_before[name]), name  # the trainer's tensors untouched
     assert torch.equal(m.model.norm.weight, older["model.norm.weight"].float())
 
+def test_released_weights_come_back_with_the_next_push(tmp_path):
+    """``release_weights_`` frees the parameters a module owns (empty tensors of their dtype;
+    running the module raises) and keeps its buffers and the storage a push shared;
+    the next ``load_state_dict_`` gives them new storage on their device, in their dtype,
+    holding exactly the pushed values, the tie kept (given once or twice)."""
+    trainer = models.load_model(str(tiny.make_tiny_model(tmp_path / "b", seed=3)))
+    sd = {k: v.detach() for k, v in trainer.state_dict().items()}
+    half = models.load_model(str(tiny.make_tiny_model(tmp_path / "c", seed=0)), dtype="bfloat16")
+    buffers = {k: b.clone() for k, b in half.named_buffers()}
+    owned = sum(p.numel() * 2 for p in half.parameters())
+    for tied in (sd, {k: v for k, v in sd.items() if k != "lm_head.weight"}):
+        assert models.release_weights_(half) == owned
+        assert all(p.numel() == 0 for p in half.parameters()) and half.lm_head.weight is half.model.embed_tokens.weight
+        assert models.release_weights_(half) == 0  # nothing left to free
+        assert all(torch.equal(b, buffers[k]) for k, b in half.named_buffers())
+        assert models.weights_released(half)
+        models.load_state_dict_(half, tied, share=True)
+        for name, p in half.state_dict(keep_vars=True).items():
+            if name in sd:
+                assert p.device.type == "cpu" and p.dtype == torch.bfloat16, name
+                assert torch.equal(p, sd[name].to(torch.bfloat16)), name
+        assert half.lm_head.weight is half.model.embed_tokens.weight and not models.weights_released(half)
+    with pytest.raises(KeyError, match="missing"):  # a released module still says what a push lacks
+        models.release_weights_(half)
+        models.load_state_dict_(half, {k: v for k, v in sd.items() if k != "model.norm.weight"}, share=True)
+
+    same = models.load_model(str(tiny.make_tiny_model(tmp_path / "a", seed=0)))
+    models.load_state_dict_(same, sd, share=True)  # float32 beside float32: the trainer's tensors
+    assert models.release_weights_(same) == 0
+    assert all(p.numel() > 0 for p in same.parameters())
+    with torch.no_grad():
+        trainer.model.norm.weight.add_(1.0)
+    assert torch.equal(same.model.norm.weight, trainer.model.norm.weight)
+
+
 @pytest.mark.slow
 def test_default_model_cache_equals_the_gguf():
     """The cached safetensors copy computes the same logits as the GGUF loaded directly."""

@@ -69,6 +69,20 @@ def test_shared_weights_reach_the_engine_before_the_first_step_and_at_every_push
     assert eng.pushed[-1] == (3.0, 1, True)
 
 
+@pytest.mark.parametrize("share", [False, True])
+def test_shared_weights_engine_frees_its_own_copy_while_the_trainer_steps(share):
+    """``before_train`` (the trainer's call between the rollout and the optimizer step)
+    asks a sharing engine to release its own weights; the push after the step gives them
+    back.  Without ``share`` the engine is never asked (it may hold weights the trainer
+    has moved past)."""
+    eng = Engine()
+    eng.release_weights = lambda: eng.pushed.append("released")
+    pub = Publisher(eng, trainer_weights, 1, share=share)
+    pub.before_train()
+    pub.after_step(1)
+    assert eng.pushed == (["released", (3.0, 1, True)] if share else [(3.0, 1)])
+
+
 @pytest.mark.parametrize("interval,post", [(2, False), (1, True)])
 def test_shared_weights_are_refused_where_the_engine_must_hold_older_ones(interval, post):
     with pytest.raises(ValueError, match="synchronous push after every step"):

@@ -94,3 +94,38 @@ def test_an_explicit_bf16_the_backend_cannot_train_in_is_refused_at_start_up(tin
     text = " ".join(out.split())
     assert "megatron" in text and "cannot train in bfloat16 (--bf16) on cpu: it does only on cuda" in text, text
     assert "use --no-bf16 (float32)" in text
+
+
+def test_a_bf16_engine_is_released_while_the_trainer_steps_and_learns_the_same(tiny_model_dir, prompts_file, tmp_path,
+                                                                               monkeypatch):
+    """``--bf16`` in a run that shares the weights: the bfloat16 engine frees its copy for
+    each optimizer step (checked inside the step) and gets it back from the push after it;
+    the run's metrics equal, value for value, a run whose engine keeps its copy (the
+    release patched out), over 3 steps and a resume."""
+    from relax_core import trainer as trainer_mod
+    from relax_core.models import weights_released
+    from relax_core.stages.rollout import Publisher
+
+    seen = []
+    train_on = trainer_mod.Trainer.train_on
+
+    def spy(self, batch, step):
+        seen.append(weights_released(self.c.engine.model))
+        return train_on(self, batch, step)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_on", spy)
+
+    def run(name):
+        args = tiny_args(tiny_model_dir, prompts_file, tmp_path, "--bf16", "--run-name", name, "--save-interval", "1")
+        assert run_train(args)[0] == 0
+        assert run_train([*args, "--resume", "--num-rollout", "3"])[0] == 0
+        rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+    released = run("released")
+    assert seen == [True] * 3
+    seen.clear()
+    monkeypatch.setattr(Publisher, "before_train", lambda self: None)
+    kept = run("kept")
+    assert seen == [False] * 3
+    assert len(released) == 3 and released == kept

@@ -36,7 +36,7 @@ import torch
 from relax_core.batch import length_mask
 from relax_core.config import resolve_device
 from relax_core.contracts import GenerationOutput, SamplingParams
-from relax_core.models import load_model, load_state_dict_, load_tokenizer
+from relax_core.models import load_model, load_state_dict_, load_tokenizer, release_weights_, weights_released
 
 
 def build(params: Any, config: Any) -> "HFEngine":
@@ -152,6 +152,12 @@ class HFEngine:
         load_state_dict_(self.model, state_dict, share=share)
         self.weight_version = int(version)
 
+    def release_weights(self) -> None:
+        """Free the weights this engine owns (a bfloat16 copy beside a float32 trainer; none
+        where a ``share=True`` push gave it the trainer's tensors) until the next
+        :meth:`update_weights` (:func:`relax_core.models.release_weights_`)."""
+        release_weights_(self.model)
+
     def shutdown(self) -> None:
         self.model = None
 
@@ -173,9 +179,14 @@ class HFEngine:
         Raises:
             ValueError: no prompts, an empty prompt, a top-k head with temperature 0,
                 routed experts from a dense model, or invalid sampling values.
+            RuntimeError: the engine was shut down, or its weights are released
+                (:meth:`release_weights`) and no ``update_weights`` followed.
         """
         if self.model is None:
             raise RuntimeError("the engine was shut down")
+        if weights_released(self.model):
+            raise RuntimeError("the engine's weights are released (release_weights, while the trainer steps): "
+                               "update_weights must come first")
         self._check(prompt_ids, sampling)
         gen = self._generator if sampling.seed is None else \
             torch.Generator(device=self.device).manual_seed(int(sampling.seed))

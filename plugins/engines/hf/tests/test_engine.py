@@ -224,6 +224,34 @@ def test_shared_weights_sample_what_copied_weights_sample(tiny_model_dir, tmp_pa
                 p.mul_(0.9)  # the next optimizer step, in place
     assert torch.equal(shared.model.model.norm.weight, trainer.model.norm.weight)
 
+
+def test_bf16_engine_released_between_pushes_samples_as_one_that_kept_its_copy(tiny_model_dir, tmp_path, prompts):
+    """A bfloat16 engine beside a float32 trainer (``--bf16``): ``release_weights`` (before
+    each training step) frees its bfloat16 copy, the push after the step converts the new
+    weights into fresh storage, and it samples exactly what an engine that kept its copy
+    samples; generating while released raises instead of sampling from nothing."""
+    from relax_authoring.testing.models import make_tiny_model
+    from relax_core.models import load_model
+
+    trainer = load_model(str(make_tiny_model(tmp_path / "trainer", seed=1)))
+    released, kept = (HFEngine(str(tiny_model_dir), seed=0, dtype="bfloat16") for _ in range(2))
+    s = SamplingParams(max_new_tokens=6, seed=1)
+    for step in (1, 2):
+        released.release_weights()
+        assert all(p.numel() == 0 for p in released.model.parameters())
+        with pytest.raises(RuntimeError, match="released"):
+            released.generate(prompts, s)
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.mul_(0.9)  # the optimizer step
+        sd = {k: v.detach() for k, v in trainer.state_dict().items()}
+        released.update_weights(sd, version=step, share=True)
+        kept.update_weights(sd, version=step, share=True)
+        a, b = released.generate(prompts, s), kept.generate(prompts, s)
+        assert released.model.lm_head.weight.dtype == torch.bfloat16
+        assert torch.equal(a.response_ids, b.response_ids)
+        assert torch.equal(a.rollout_log_probs, b.rollout_log_probs)
+
 def test_bad_inputs(engine):
     with pytest.raises(ValueError):
         engine.generate([], SamplingParams())
