@@ -5,6 +5,7 @@ second, on identical work (issue 23 §3).
     .venv/bin/python benchmarks/learning_race.py --seeds 0,1,2,3,4 --steps 30
     .venv/bin/python benchmarks/learning_race.py --keep R.json --work-dir W --seeds 3   # add seed 3 to race R
     .venv/bin/python benchmarks/learning_race.py --keep R.json --work-dir W --rerun trl:0 --reason "..."
+    .venv/bin/python benchmarks/learning_race.py --keep R.json --work-dir W --rerun relax:0 --reason "new defaults"
     .venv/bin/python benchmarks/learning_race.py --check-only     # only the same-update check
     .venv/bin/python benchmarks/learning_race.py --smoke          # tiny model, 2 steps, 1 seed (the smoke test)
 
