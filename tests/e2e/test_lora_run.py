@@ -61,7 +61,9 @@ def test_resume_of_a_lora_run_equals_the_uninterrupted_run(tiny_model_dir, promp
 def test_a_push_that_never_reaches_the_engine_stops_the_run(tiny_model_dir, prompts_file, tmp_path, monkeypatch):
     from relax_hf.engine import HFEngine
 
+    # an engine that ignores every weight call: no push lands, and nothing is released either
     monkeypatch.setattr(HFEngine, "update_weights", lambda self, state_dict, version, **kw: None)
+    monkeypatch.setattr(HFEngine, "release_weights", lambda self: None)
     code, out = run_train(tiny_args(tiny_model_dir, prompts_file, tmp_path, *LORA, "--no-save-hf"))
     assert code == EXIT_ADAPTER_NOT_REACHED, out
     assert "the LoRA adapter did not reach the rollout engine 'hf': after the weight push of step 1" in out
