@@ -365,12 +365,12 @@ def load_state_dict_(module: Any, state_dict: Any, *, share: bool = False) -> No
             shape = released.get(id(dst), tuple(dst.shape))
             if shape != tuple(value.shape):
                 raise ValueError(f"{name}: shape {tuple(value.shape)} != model's {shape}")
+            fresh = released.pop(id(dst), None) is not None  # no storage of its own: nothing to write into
             if share and dst.dtype == value.dtype and dst.device == value.device:
-                released.pop(id(dst), None)
                 if dst.data_ptr() != value.data_ptr():
                     dst.data = value
                 module._relax_shared_ptrs.add(dst.data_ptr())
-            elif released.pop(id(dst), None) is not None or (share and dst.data_ptr() in module._relax_shared_ptrs):
+            elif fresh or (share and dst.data_ptr() in module._relax_shared_ptrs):
                 if share:
                     module._relax_shared_ptrs.discard(dst.data_ptr())
                 dst.data = value.to(device=dst.device, dtype=dst.dtype, copy=True)

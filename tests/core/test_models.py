@@ -141,6 +141,7 @@ def test_load_state_dict_shared_keeps_the_given_tensors(tmp_path):
         assert torch.equal(v, trainer_before[name]), name  # the trainer's tensors untouched
     assert torch.equal(m.model.norm.weight, older["model.norm.weight"].float())
 
+
 def test_released_weights_come_back_with_the_next_push(tmp_path):
     """``release_weights_`` frees the parameters a module owns (empty tensors of their dtype;
     running the module raises) and keeps its buffers and the storage a push shared;

@@ -252,6 +252,7 @@ def test_bf16_engine_released_between_pushes_samples_as_one_that_kept_its_copy(t
         assert torch.equal(a.response_ids, b.response_ids)
         assert torch.equal(a.rollout_log_probs, b.rollout_log_probs)
 
+
 def test_bad_inputs(engine):
     with pytest.raises(ValueError):
         engine.generate([], SamplingParams())
